@@ -1,0 +1,230 @@
+"""`lsr-index`: encode → build → search → eval. Heavy libraries load inside the command that needs them,
+so `--help` stays instant.
+
+Stages share a work directory (default ./lsr-out): encode writes WORKDIR/vectors, build reads it and writes
+WORKDIR/index, search reads that and writes WORKDIR/runs/<queries>.trec. Each path can be overridden.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+
+from .errors import LsrIndexError
+from .presets import PRESET_KEYS, load_preset
+
+DEFAULTS = {"model": "splade-tiny", "doc_max_length": 256, "query_max_length": 64, "max_tokens": None,
+            "shard_docs": 100_000, "output_format": "jsonl.gz", "scale": 100.0, "top_k": None,
+            "min_weight": 0.0, "dtype": "auto"}
+
+
+def friendly_errors(fn: Callable) -> Callable:
+    """Project errors become one clear line and exit status 1; Ctrl-C says how to resume."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except LsrIndexError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+        except KeyboardInterrupt:
+            click.echo("interrupted: rerun the same command to continue where it stopped", err=True)
+            sys.exit(130)
+
+    return wrapper
+
+
+def _device(name: str) -> str:
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise LsrIndexError("--device cuda was asked for but no CUDA GPU is visible")
+    return name
+
+
+def _dtype(name: str, device: str):
+    import torch
+
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
+@click.option("--workdir", "-w", type=click.Path(file_okay=False, path_type=Path), default=Path("lsr-out"),
+              envvar="LSR_INDEX_WORKDIR", help="Where stages read and write by default.")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars (for scripts and logs).")
+@click.pass_context
+def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
+    """Learned sparse retrieval indexing: SPLADE vectors → Lucene impact index → runs and metrics.
+
+    \b
+    lsr-index encode corpus.jsonl            # → lsr-out/vectors (resumable shards + manifest)
+    lsr-index build                          # → lsr-out/index (Lucene impact index)
+    lsr-index search --queries q.tsv --qrels qrels.tsv   # → lsr-out/runs/q.trec + metrics
+    """
+    ctx.obj = {"workdir": workdir, "progress": not quiet}
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path),
+              help="Vectors directory [default: WORKDIR/vectors].")
+@click.option("--preset", help="Named preset from configs/ (e.g. splade-tiny, gpu-bf16) or a .toml path; "
+              "explicit options override it.")
+@click.option("--model", "-m", help="Local model directory, Hugging Face id, or 'splade-tiny' (embedded). "
+              "[default: splade-tiny]")
+@click.option("--doc-max-length", type=click.IntRange(2, 8192), help="Tokens per document. [default: 256]")
+@click.option("--query-max-length", type=click.IntRange(2, 8192),
+              help="Tokens per query, recorded for search. [default: 64]")
+@click.option("--max-tokens", type=click.IntRange(64), help="Padded tokens per forward pass (bounds memory). "
+              "[default: 16384 on CPU, 131072 on GPU]")
+@click.option("--shard-docs", type=click.IntRange(1), help="Documents per output shard (the resume unit). "
+              "[default: 100000]")
+@click.option("--format", "output_format", type=click.Choice(["jsonl", "jsonl.gz", "parquet"]),
+              help="Shard format; jsonl* is Anserini's JsonVectorCollection. [default: jsonl.gz]")
+@click.option("--scale", type=click.FloatRange(min=0, min_open=True),
+              help="Impact = round(weight × scale). [default: 100]")
+@click.option("--top-k", type=click.IntRange(1), help="Keep only the k largest terms per document.")
+@click.option("--min-weight", type=click.FloatRange(0), help="Drop weights below this before rounding.")
+@click.option("--id-field", help="Field holding the document id [default: id, _id or docid].")
+@click.option("--text-field", "text_fields", multiple=True,
+              help="Text field(s), joined by a space; repeat for several [default: title+text, or contents].")
+@click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail",
+              help="On a bad record: stop with its location, or skip it and list it in skipped.tsv.")
+@click.option("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+              help="Model precision [default: bfloat16 on GPU, float32 on CPU].")
+@click.option("--backend", type=click.Choice(["auto", "triton", "torch"]), default="auto",
+              help="LM-head implementation: the fused Triton kernel on GPU, chunked PyTorch on CPU.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing complete output.")
+@click.pass_context
+@friendly_errors
+def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, preset: str | None,
+           **options) -> None:
+    """Encode a corpus (JSONL/.jsonl.gz/Arrow/Parquet files, directories or globs) into impact vectors.
+
+    A rerun with the same inputs and settings continues after the last complete shard.
+    """
+    from .corpus import CorpusReader, Fields
+    from .encode_corpus import EncodeOptions, encode_corpus
+    from .encoder import SpladeEncoder
+    from .models import load_model
+    from .quantize import Quantization
+
+    chosen = load_preset(preset) if preset else {}
+    value = lambda key: options[key] if options.get(key) is not None else chosen.get(key, DEFAULTS[key])
+    device = _device(options["device"])
+    out = output or ctx.obj["workdir"] / "vectors"
+    fields = Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None)
+    reader = CorpusReader(list(inputs), fields=fields, on_error=options["on_error"])
+    model = load_model(value("model"), device=device, dtype=_dtype(value("dtype"), device))
+    max_tokens = value("max_tokens") or (131072 if device.startswith("cuda") else 16384)
+    opts = EncodeOptions(
+        doc_max_length=value("doc_max_length"), query_max_length=value("query_max_length"),
+        max_tokens=max_tokens, shard_docs=value("shard_docs"), output_format=value("output_format"),
+        quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
+        backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"])
+    manifest = encode_corpus(reader, SpladeEncoder(model, max_tokens=max_tokens, backend=opts.backend), out, opts)
+    stats = manifest.stats
+    click.echo(f"encoded {manifest.docs:,} documents into {len(manifest.shards)} shard(s) in {out} "
+               f"({stats['docs_per_second']:,.1f} docs/s, {stats['tokens_per_second']:,.0f} tokens/s, "
+               f"{stats['nonzeros_per_doc']:.1f} nonzeros/doc, {stats['seconds']:.1f} s"
+               + (f", resumed at document {stats['resumed_at']:,}" if stats["resumed_at"] else "") + ")")
+    if manifest.skipped:
+        click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.tsv'}", err=True)
+
+
+@main.command()
+@click.option("--vectors", type=click.Path(file_okay=False, path_type=Path),
+              help="Vectors directory from `encode` [default: WORKDIR/vectors].")
+@click.option("--index", "-o", type=click.Path(file_okay=False, path_type=Path),
+              help="Index directory to create [default: WORKDIR/index].")
+@click.option("--threads", type=click.IntRange(1), default=2, help="Indexing threads.")
+@click.option("--heap", default="4g", help="JVM heap for the indexer (java -Xmx).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing index.")
+@click.pass_context
+@friendly_errors
+def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads: int, heap: str,
+          overwrite: bool) -> None:
+    """Build a Lucene impact index from encoded vectors (checksums verified; published only when whole)."""
+    from .lucene import build_index
+
+    vectors = vectors or ctx.obj["workdir"] / "vectors"
+    index = index or ctx.obj["workdir"] / "index"
+    info = build_index(vectors, index, threads=threads, heap=heap, overwrite=overwrite,
+                       progress=ctx.obj["progress"])
+    click.echo(f"indexed {info['documents']:,} documents into {index} in {info['build_seconds']:.1f} s")
+
+
+@main.command()
+@click.option("--queries", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Queries: TSV 'qid<TAB>text' or JSONL.")
+@click.option("--index", type=click.Path(file_okay=False, path_type=Path),
+              help="Index from `build` [default: WORKDIR/index].")
+@click.option("--run", "-o", "run_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Run file to write [default: WORKDIR/runs/<queries name>.trec].")
+@click.option("--hits", type=click.IntRange(1), default=1000, help="Results per query.")
+@click.option("--threads", type=click.IntRange(1), default=2, help="Search threads.")
+@click.option("--format", "run_format", type=click.Choice(["trec", "msmarco"]), default="trec",
+              help="trec: 'qid Q0 docid rank score tag'; msmarco: 'qid<TAB>docid<TAB>rank'.")
+@click.option("--qrels", type=click.Path(dir_okay=False, path_type=Path),
+              help="Relevance judgments: when given, metrics are printed.")
+@click.option("--model", "-m", help="Override the model path (must be the same weights as the index's).")
+@click.option("--device", default="cpu", help="Device for query encoding.")
+@click.pass_context
+@friendly_errors
+def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path | None, hits: int,
+           threads: int, run_format: str, qrels: Path | None, model: str | None, device: str) -> None:
+    """Search the index with queries encoded by the index's own model and quantization."""
+    from . import search as searching
+    from .topics import read_queries, read_qrels
+
+    index = index or ctx.obj["workdir"] / "index"
+    run_path = run_path or ctx.obj["workdir"] / "runs" / f"{queries.name.split('.')[0]}.{run_format}"
+    topics = read_queries(queries)
+    judged = read_qrels(qrels) if qrels else None
+    t0 = time.perf_counter()
+    run = searching.search(index, topics, hits=hits, threads=threads, model=model, device=_device(device))
+    searching.write_run(run_path, run, run_format)
+    click.echo(f"searched {len(topics):,} queries in {time.perf_counter() - t0:.1f} s → {run_path}")
+    if judged is not None:
+        _print_metrics(run, judged)
+
+
+@main.command("eval")
+@click.option("--run", "run_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="TREC run file.")
+@click.option("--qrels", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
+              help="Relevance judgments (TREC 'qid 0 docid rel' or BEIR TSV).")
+@friendly_errors
+def evaluate(run_path: Path, qrels: Path) -> None:
+    """Score a run: nDCG@10, MRR@10, R@100, R@1000, MAP."""
+    from .search import read_run
+    from .topics import read_qrels
+
+    _print_metrics(read_run(run_path), read_qrels(qrels))
+
+
+def _print_metrics(run, qrels) -> None:
+    from .evaluate import evaluate as score
+    from .evaluate import format_metrics
+
+    click.echo(format_metrics(score(run, qrels)))
+
+
+@main.command()
+def presets() -> None:
+    """List the named presets and what they set."""
+    from .presets import available
+
+    for name, values in available().items():
+        click.echo(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items() if k in PRESET_KEYS))

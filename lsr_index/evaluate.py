@@ -1,0 +1,27 @@
+"""Retrieval metrics through ir_measures (pytrec_eval backend), averaged over every judged query."""
+
+from __future__ import annotations
+
+from .errors import LsrIndexError
+
+MEASURES = ("nDCG@10", "RR@10", "R@100", "R@1000", "AP@1000")
+
+
+def evaluate(run: dict[str, list[tuple[str, float]]], qrels: dict[str, dict[str, int]],
+             measures: tuple[str, ...] = MEASURES) -> dict[str, float]:
+    """Mean over the judged queries; a judged query the run lacks counts as 0, not as absent."""
+    try:
+        import ir_measures
+    except ImportError:
+        raise LsrIndexError("evaluation needs ir_measures: pip install 'lsr-index[lucene]'") from None
+    parsed = [ir_measures.parse_measure(m) for m in measures]
+    scored = {qid: {doc: score for doc, score in ranked} for qid, ranked in run.items() if ranked}
+    totals = dict.fromkeys(parsed, 0.0)
+    for metric in ir_measures.iter_calc(parsed, qrels, scored):
+        if metric.query_id in qrels:
+            totals[metric.measure] += metric.value
+    return {str(m): totals[m] / max(len(qrels), 1) for m in parsed}
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    return "  ".join(f"{name} {value:.4f}" for name, value in metrics.items())

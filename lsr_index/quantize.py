@@ -1,0 +1,80 @@
+"""Float SPLADE weights → integer impacts, compacted to CSR on the device before crossing to the host.
+
+Impacts are round(w × scale). Scale 100 is the Anserini/naver convention for SPLADE impact indexes
+(Pyserini's own encoder uses 256/5 = 51.2); it is recorded in every manifest because queries and
+documents must share it. Rounding drops weights under 0.5/scale, which is what makes the vectors sparse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class Quantization:
+    scale: float = 100.0
+    top_k: int | None = None  # keep at most this many terms per vector (pruning), None: all
+    min_weight: float = 0.0  # drop float weights below this before rounding
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class SparseVectors:
+    """Rows of integer impacts in CSR form: row i is terms[indptr[i]:indptr[i+1]] with its weights."""
+
+    indptr: np.ndarray  # int64 [n + 1]
+    terms: np.ndarray  # int32 [nnz], ascending within a row
+    weights: np.ndarray  # int32 [nnz], > 0
+
+    def __len__(self) -> int:
+        return len(self.indptr) - 1
+
+    @property
+    def nnz(self) -> int:
+        return int(self.indptr[-1])
+
+    def row(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = self.indptr[i], self.indptr[i + 1]
+        return self.terms[lo:hi], self.weights[lo:hi]
+
+    @staticmethod
+    def stack(parts: Sequence[tuple[np.ndarray, SparseVectors]], n: int) -> SparseVectors:
+        """Reassemble sub-batches encoded out of order (length-sorted) into input order 0..n-1."""
+        positions = np.concatenate([p for p, _ in parts]) if parts else np.zeros(0, np.int64)
+        lengths = np.concatenate([np.diff(v.indptr) for _, v in parts]) if parts else np.zeros(0, np.int64)
+        starts = np.concatenate([v.indptr[:-1] + off for (_, v), off in
+                                 zip(parts, np.cumsum([0] + [v.nnz for _, v in parts[:-1]]))]) \
+            if parts else np.zeros(0, np.int64)
+        if len(positions) != n or (n and not np.array_equal(np.sort(positions), np.arange(n))):
+            raise ValueError("sub-batches do not cover the batch exactly once")
+        order = np.argsort(positions, kind="stable")
+        lengths, starts = lengths[order], starts[order]
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(lengths, out=indptr[1:])
+        # gather index of every nonzero: its row's source start plus its offset inside the row
+        src = np.repeat(starts - indptr[:-1], lengths) + np.arange(indptr[-1])
+        terms = np.concatenate([v.terms for _, v in parts]) if parts else np.zeros(0, np.int32)
+        weights = np.concatenate([v.weights for _, v in parts]) if parts else np.zeros(0, np.int32)
+        return SparseVectors(indptr, terms[src], weights[src])
+
+
+def quantize(weights: torch.Tensor, q: Quantization) -> SparseVectors:
+    """[n, V] float weights (any device) → integer CSR on the host; only nonzeros are transferred."""
+    w = weights.float()
+    if q.min_weight > 0:
+        w = torch.where(w >= q.min_weight, w, torch.zeros((), device=w.device))
+    if q.top_k is not None and q.top_k < w.shape[1]:
+        values, index = w.topk(q.top_k, dim=1)
+        w = torch.zeros_like(w).scatter_(1, index, values)
+    impacts = torch.round(w * q.scale).to(torch.int32)
+    rows, cols = impacts.nonzero(as_tuple=True)  # row-major: terms ascend within each row
+    counts = torch.bincount(rows, minlength=w.shape[0])
+    indptr = np.zeros(w.shape[0] + 1, np.int64)
+    np.cumsum(counts.cpu().numpy(), out=indptr[1:])
+    return SparseVectors(indptr, cols.to(torch.int32).cpu().numpy(), impacts[rows, cols].cpu().numpy())
