@@ -1,0 +1,418 @@
+"""Corpus reading: JSONL / Arrow IPC / Parquet shards streamed as (id, text) Arrow record batches.
+
+Every record either becomes a document or is reported: with ``on_error="fail"`` as an InputError that
+names the file and the 1-based line (JSONL) or row (Arrow/Parquet), with ``on_error="skip"`` as a
+``Skipped`` entry. Problems with a whole file (unreadable, corrupt, truncated, wrong columns) always
+fail, because skipping them would drop an unknown number of documents. docs/bad-input.md lists every case.
+"""
+
+from __future__ import annotations
+
+import codecs
+import glob
+import gzip
+import os
+import zlib
+from collections.abc import Collection, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import orjson
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lsr_index.errors import InputError
+
+SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
+
+_FORMATS = {
+    ".jsonl": "JSONL",
+    ".json": "JSONL",
+    ".jsonl.gz": "JSONL",
+    ".json.gz": "JSONL",
+    ".arrow": "Arrow IPC",
+    ".feather": "Arrow IPC",
+    ".ipc": "Arrow IPC",
+    ".parquet": "Parquet",
+}
+_SUPPORTED = ", ".join(_FORMATS)
+_ID_KEYS = ("id", "_id", "docid")
+_TITLE_TEXT = ("title", "text")
+_SKIP_HINT = "fix or remove the record, or pass on_error='skip' to skip bad records"
+# A line this long is not a document but a binary or newline-less file: reading it whole would defeat
+# constant memory.
+_MAX_LINE_BYTES = 64 << 20
+# Flush a batch early past this many characters, so that huge documents can neither exhaust memory nor
+# overflow Arrow's 2 GiB limit on one string array (4 bytes per character at most).
+_MAX_BATCH_CHARS = 1 << 28
+
+
+@dataclass(frozen=True)
+class Fields:
+    """Which record fields hold the id and the text.
+
+    ``id=None`` takes the first present of "id", "_id", "docid". ``text=None`` takes "title" and "text"
+    joined by one space (the title is optional) when "text" exists, else "contents". Listed text fields
+    must exist; null or empty values add nothing to the join.
+    """
+
+    id: str | None = None
+    text: tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.text, str):  # Fields(text="body") would otherwise iterate characters
+            object.__setattr__(self, "text", (self.text,))
+        if self.id == "" or (self.text is not None and (not self.text or not all(self.text))):
+            raise ValueError(f"field names must be non-empty: {self}")
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A record left out under on_error="skip"; ``where`` is the 1-based line (JSONL) or row."""
+
+    path: str
+    where: int | None
+    doc_id: str | None
+    reason: str
+
+
+class _Bad(Exception):
+    """A bad record: raised and caught inside the reader, never escapes it."""
+
+    def __init__(self, reason: str, doc_id: str | None = None, hint: str | None = None):
+        super().__init__(reason)
+        self.reason, self.doc_id, self.hint = reason, doc_id, hint
+
+
+class CorpusReader:
+    """Streams (id, text) Arrow record batches from JSONL (.jsonl/.json/.jsonl.gz), Arrow IPC
+    (.arrow/.feather/.ipc, file or stream format) and Parquet (.parquet) shards in constant memory.
+
+    ``source`` is a file, a directory (its supported files, sorted by name; subdirectories and hidden
+    files are ignored), a glob pattern (``**`` recurses; sorted), or a list of these, read in the order
+    given. Batches hold at most ``batch_size`` rows. Ids must be unique across all shards; each
+    iteration starts afresh (``skipped`` and ``n_docs`` are reset).
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        fields: Fields = Fields(),
+        on_error: Literal["fail", "skip"] = "fail",
+        batch_size: int = 1024,
+        max_chars: int | None = None,
+    ):
+        if on_error not in ("fail", "skip"):
+            raise ValueError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
+        if batch_size < 1 or (max_chars is not None and max_chars < 1):
+            raise ValueError(f"batch_size and max_chars must be positive: {batch_size}, {max_chars}")
+        sources = [source] if isinstance(source, (str, os.PathLike)) else list(source)
+        if not sources:
+            raise ValueError("no corpus source given")
+        self.fields, self.on_error, self.batch_size, self.max_chars = fields, on_error, batch_size, max_chars
+        self.files: list[Path] = _resolve(sources)
+        self._label = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (+{len(sources) - 1} more)"
+        self.skipped: list[Skipped] = []
+        self.n_docs = 0
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        self.skipped, self.n_docs = [], 0
+        # 64-bit keyed hashes of the ids seen so far (~80 bytes per document in a set): exact ids would
+        # cost more for long ids; a false "duplicate" has odds ~n²/2⁶⁵ (1e-6 at ten million documents).
+        seen: set[int] = set()
+        ids: list[str] = []
+        texts: list[str] = []
+        chars = 0
+        for path in self.files:
+            for where, record in self._records(path):
+                try:
+                    doc_id, text = self._document(record)
+                    key = hash(doc_id)
+                    if key in seen:
+                        raise _Bad(
+                            f"duplicate id {doc_id!r}: an earlier record has it",
+                            doc_id,
+                            "ids must be unique across all shards; on_error='skip' keeps the first",
+                        )
+                    seen.add(key)
+                except _Bad as bad:
+                    self._reject(path, where, bad)
+                    continue
+                ids.append(doc_id)
+                texts.append(text)
+                chars += len(text)
+                if len(ids) == self.batch_size or chars >= _MAX_BATCH_CHARS:
+                    yield self._batch(ids, texts)
+                    ids, texts, chars = [], [], 0
+        if ids:
+            yield self._batch(ids, texts)
+        if self.n_docs == 0:
+            detail = f": all {len(self.skipped)} records were skipped" if self.skipped else ""
+            raise InputError(self._label, None, f"no documents{detail}", "the corpus is empty")
+
+    def _batch(self, ids: list[str], texts: list[str]) -> pa.RecordBatch:
+        self.n_docs += len(ids)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(ids, pa.string()), pa.array(texts, pa.string())], schema=SCHEMA
+        )
+
+    def _records(self, path: Path) -> Iterator[tuple[int, Any]]:
+        """(where, record) pairs of one file: a dict, or a _Bad for a record that could not be parsed."""
+        fmt = _format(path)
+        try:
+            if fmt == "JSONL":
+                yield from _jsonl_records(path)
+            else:
+                yield from _table_records(path, fmt, self.fields, self.batch_size)
+        except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
+            raise InputError(path, None, f"cannot read this {fmt} file: {_describe(e)}") from e
+
+    def _document(self, record: Any) -> tuple[str, str]:
+        if isinstance(record, _Bad):
+            raise record
+        if not isinstance(record, dict):
+            raise _Bad(f"expected a JSON object, got {_kind(record)}")
+        id_key = _id_field(self.fields, record)
+        if id_key is None:
+            raise _Bad(f"no id field (expected {_id_expectation(self.fields)})")
+        value = record[id_key]
+        if type(value) is int:  # not bool, which is an int too
+            doc_id = str(value)
+        elif type(value) is str:
+            doc_id = value
+            if not doc_id:
+                raise _Bad(f"empty id in field {id_key!r}")
+            if "\n" in doc_id or "\r" in doc_id or "\x00" in doc_id:
+                raise _Bad(
+                    f"id {doc_id!r} contains a line break or NUL, which index files cannot hold", doc_id
+                )
+        else:
+            raise _Bad(f"id field {id_key!r} is {_kind(value)}, expected a string or an integer")
+        text_keys, optional = _text_fields(self.fields, record)
+        if not text_keys:
+            raise _Bad(f"no text field (expected {_text_expectation(self.fields)})", doc_id)
+        parts = []
+        for key in text_keys:
+            if key not in record:
+                if key in optional:
+                    continue
+                raise _Bad(f"no text field {key!r}", doc_id)
+            value = record[key]
+            if type(value) is str:
+                if value:
+                    parts.append(value)
+            elif value is not None:
+                raise _Bad(f"text field {key!r} is {_kind(value)}, expected a string", doc_id)
+        text = parts[0] if len(parts) == 1 else " ".join(parts)
+        # An escaped \u0000 is legal JSON but an extraction artefact that C-level tools choke on.
+        if "\x00" in text:
+            text = text.replace("\x00", " ")
+        if not text or text.isspace():
+            raise _Bad("empty text" if not text else "text is only whitespace", doc_id)
+        if self.max_chars is not None and len(text) > self.max_chars:
+            text = text[: self.max_chars]
+        return doc_id, text
+
+    def _reject(self, path: Path, where: int, bad: _Bad) -> None:
+        if self.on_error == "fail":
+            hint = f"{bad.hint}; {_SKIP_HINT}" if bad.hint else _SKIP_HINT
+            raise InputError(path, where, bad.reason, hint)
+        self.skipped.append(Skipped(str(path), where, bad.doc_id, bad.reason))
+
+
+def _format(path: Path) -> str | None:
+    name = path.name.lower()
+    return next((fmt for ext, fmt in _FORMATS.items() if name.endswith(ext)), None)
+
+
+def _resolve(sources: list[str | os.PathLike[str]]) -> list[Path]:
+    files: list[Path] = []
+    seen: set[Path] = set()
+    for source in sources:
+        try:
+            expanded = _expand(source)
+            for path in expanded:
+                real = path.resolve()
+                if real in seen:
+                    raise InputError(path, None, "this file is listed twice", "each shard must be read once")
+                seen.add(real)
+        except OSError as e:
+            raise InputError(source, None, f"cannot list: {_describe(e)}") from e
+        files.extend(expanded)
+    return files
+
+
+def _expand(source: str | os.PathLike[str]) -> list[Path]:
+    path = Path(source)
+    if path.is_dir():
+        files = sorted((p for p in path.iterdir() if not p.name.startswith(".") and _format(p)), key=str)
+        if not files:
+            raise InputError(
+                path,
+                None,
+                "directory holds no corpus files",
+                f"supported: {_SUPPORTED}; "
+                "subdirectories are not searched (use a pattern like dir/**/*.jsonl)",
+            )
+        return files
+    if path.exists():
+        if _format(path) is None:
+            raise InputError(path, None, "unsupported file type", f"supported: {_SUPPORTED}")
+        return [path]
+    pattern = os.fspath(source)
+    if any(c in pattern for c in "*?["):
+        matches = sorted(glob.glob(pattern, recursive=True))
+        files = [Path(m) for m in matches if _format(Path(m)) and os.path.isfile(m)]
+        if not files:
+            found = f"only unsupported files ({matches[0]}...)" if matches else "nothing"
+            raise InputError(pattern, None, f"pattern matches {found}", f"supported: {_SUPPORTED}")
+        return files
+    raise InputError(path, None, "no such file or directory")
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
+    line_no = 0
+    with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as f:
+        try:
+            if f.peek(3)[:3] == codecs.BOM_UTF8:
+                f.read(3)
+            while line := f.readline(_MAX_LINE_BYTES):
+                line_no += 1
+                try:
+                    yield line_no, orjson.loads(line)
+                except orjson.JSONDecodeError as e:
+                    if not line.endswith(b"\n") and len(line) == _MAX_LINE_BYTES:
+                        while (rest := f.readline(_MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+                            pass
+                        yield line_no, _Bad(f"line longer than {_MAX_LINE_BYTES} bytes")
+                    elif line.strip():  # blank lines separate nothing and are not records
+                        yield line_no, _json_problem(line, e)
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            raise InputError(
+                path,
+                None,
+                f"compressed data is truncated or corrupt after line {line_no} ({_describe(e)})",
+                "re-create or re-download the file",
+            ) from e
+
+
+def _json_problem(line: bytes, error: orjson.JSONDecodeError) -> _Bad:
+    if b"\x00" in line:
+        return _Bad(f"raw NUL byte at byte {line.index(0) + 1}", hint="is the file binary or UTF-16?")
+    try:
+        line.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return _Bad(f"invalid UTF-8 at byte {e.start + 1}", hint="the file must be UTF-8 encoded")
+    return _Bad(
+        f"malformed JSON: {error.msg} at column {error.colno}", hint="each line must be one JSON object"
+    )
+
+
+def _table_records(path: Path, fmt: str, fields: Fields, batch_size: int) -> Iterator[tuple[int, Any]]:
+    with ExitStack() as stack:
+        if fmt == "Parquet":
+            parquet = stack.enter_context(pq.ParquetFile(path))
+            columns = _columns(path, parquet.schema_arrow, fields)
+            batches: Iterator[pa.RecordBatch] = parquet.iter_batches(batch_size=batch_size, columns=columns)
+        else:
+            schema, batches = _ipc_batches(stack.enter_context(pa.memory_map(os.fspath(path))))
+            columns = _columns(path, schema, fields)
+        row = 0
+        for batch in batches:
+            for record in _rows(batch.select(columns)):
+                row += 1
+                yield row, record
+
+
+def _ipc_batches(source: pa.MemoryMappedFile) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    try:
+        reader = pa.ipc.open_file(source)
+        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
+    except pa.ArrowInvalid:  # not the file format: maybe the stream format
+        source.seek(0)
+        stream = pa.ipc.open_stream(source)
+        return stream.schema, iter(stream)
+
+
+def _columns(path: Path, schema: pa.Schema, fields: Fields) -> list[str]:
+    """The columns to read; a missing or mistyped column fails the whole file."""
+    names = set(schema.names)
+    hint = f"columns: {', '.join(schema.names)}"
+    id_key = _id_field(fields, names)
+    if id_key is None:
+        raise InputError(path, None, f"no id column (expected {_id_expectation(fields)})", hint)
+    text_keys, optional = _text_fields(fields, names)
+    if not text_keys:
+        raise InputError(path, None, f"no text column (expected {_text_expectation(fields)})", hint)
+    missing = [k for k in text_keys if k not in names and k not in optional]
+    if missing:
+        raise InputError(path, None, f"no text column {missing[0]!r}", hint)
+    columns = [id_key, *(k for k in text_keys if k in names)]
+    for key in columns:
+        kind = schema.field(key).type
+        ok = _is_string(kind) or (pa.types.is_integer(kind) if key == id_key else pa.types.is_null(kind))
+        if not ok:
+            expected = "string or integer" if key == id_key else "string"
+            raise InputError(path, None, f"column {key!r} has type {kind}, expected {expected}")
+    return columns
+
+
+def _rows(batch: pa.RecordBatch) -> list[Any]:
+    # Full validation checks offsets and UTF-8 before any conversion touches the buffers; a failure is
+    # then pinned to its rows.
+    try:
+        batch.validate(full=True)
+        return batch.to_pylist()
+    except pa.ArrowInvalid:
+        return [_row(batch.slice(i, 1)) for i in range(batch.num_rows)]
+
+
+def _row(row: pa.RecordBatch) -> Any:
+    for name, column in zip(row.schema.names, row.columns, strict=True):
+        try:
+            column.validate(full=True)
+        except pa.ArrowInvalid as e:
+            return _Bad(f"column {name!r} holds invalid data: {e}", hint="strings must be valid UTF-8")
+    return row.to_pylist()[0]
+
+
+def _is_string(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        return _is_string(kind.value_type)
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind) or str(kind) == "string_view"
+
+
+def _id_field(fields: Fields, keys: Collection[str]) -> str | None:
+    if fields.id is not None:
+        return fields.id if fields.id in keys else None
+    return next((k for k in _ID_KEYS if k in keys), None)
+
+
+def _text_fields(fields: Fields, keys: Collection[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(text fields to join, those of them that may be absent); no fields when none can be found."""
+    if fields.text is not None:
+        return fields.text, ()
+    if "text" in keys:
+        return _TITLE_TEXT, ("title",)
+    return (("contents",), ()) if "contents" in keys else ((), ())
+
+
+def _id_expectation(fields: Fields) -> str:
+    return repr(fields.id) if fields.id is not None else " or ".join(map(repr, _ID_KEYS))
+
+
+def _text_expectation(fields: Fields) -> str:
+    return "'text' (and optionally 'title') or 'contents'" if fields.text is None else repr(fields.text)
+
+
+def _kind(value: Any) -> str:
+    names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+    return names.get(type(value), "a number")
+
+
+def _describe(error: BaseException) -> str:
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    return str(error) or type(error).__name__
