@@ -1,0 +1,139 @@
+"""Queries and relevance judgments for evaluation.
+
+These files are small, so they are read whole and validated strictly: any bad line fails with its
+file:line, because a silently dropped query or judgment would skew every metric computed from them.
+Blank lines (anywhere) are not records and are skipped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from lsr_index.errors import InputError
+
+_QID_KEYS = ("_id", "id", "qid")
+_QUERY_TEXT_KEYS = ("text", "query")
+_QRELS_HEADER = ("query-id", "corpus-id", "score")  # BEIR's qrels/*.tsv
+_INTEGER = re.compile(r"-?[0-9]+")
+_WHITESPACE = re.compile(r"\s")
+
+
+def read_queries(path: str | Path) -> list[tuple[str, str]]:
+    """(qid, text) pairs in file order, from a TSV "qid<TAB>text" file or from JSON Lines
+    (.jsonl/.json, optionally .gz) with "_id"/"id"/"qid" and "text"/"query" like BEIR's queries.jsonl.
+
+    Query ids may not contain whitespace: run and qrels files separate columns by whitespace.
+    """
+    path = Path(path)
+    as_json = path.name.lower().removesuffix(".gz").endswith((".jsonl", ".json"))
+    queries: list[tuple[str, str]] = []
+    first_seen: dict[str, int] = {}
+    for line_no, line in _lines(path):
+        qid, text = _json_query(path, line_no, line) if as_json else _tsv_query(path, line_no, line)
+        if not qid or _WHITESPACE.search(qid):
+            problem = "empty query id" if not qid else f"query id {qid!r} contains whitespace"
+            raise InputError(path, line_no, problem, "run and qrels files cannot represent it")
+        if not text.strip():
+            raise InputError(path, line_no, f"query {qid!r} has empty text")
+        if qid in first_seen:
+            raise InputError(path, line_no, f"duplicate query id {qid!r} (first on line {first_seen[qid]})")
+        first_seen[qid] = line_no
+        queries.append((qid, text))
+    if not queries:
+        raise InputError(path, None, "no queries", "the file is empty")
+    return queries
+
+
+def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """{qid: {docid: relevance}} from TREC "qid 0 docid rel" or BEIR "qid docid rel" lines.
+
+    Columns are whitespace-separated and their count is fixed by the first line. A first line
+    "query-id corpus-id score" (BEIR's header) is skipped. A pair judged twice with the same relevance
+    is accepted; conflicting relevances fail.
+    """
+    path = Path(path)
+    qrels: dict[str, dict[str, int]] = {}
+    n_columns = 0
+    for line_no, line in _lines(path):
+        columns = line.split()
+        if not n_columns and tuple(c.lower() for c in columns) == _QRELS_HEADER:
+            continue
+        if len(columns) not in (3, 4) or (n_columns and len(columns) != n_columns):
+            expected = n_columns or "4 (qid 0 docid rel) or 3 (qid docid rel)"
+            raise InputError(path, line_no, f"{len(columns)} columns, expected {expected}")
+        n_columns = len(columns)
+        qid, docid, rel = columns[0], columns[-2], columns[-1]
+        if not _INTEGER.fullmatch(rel):
+            raise InputError(path, line_no, f"relevance {rel!r} is not an integer")
+        judged = qrels.setdefault(qid, {})
+        if judged.setdefault(docid, int(rel)) != int(rel):
+            raise InputError(path, line_no, f"({qid}, {docid}) judged {judged[docid]} earlier, now {rel}")
+    if not qrels:
+        raise InputError(path, None, "no judgments", "the file is empty")
+    return qrels
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """Non-blank lines without their line break, decoded strictly as UTF-8 (a leading BOM is dropped)."""
+    try:
+        with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as f:
+            for line_no, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8").rstrip("\r\n")
+                except UnicodeDecodeError as e:
+                    raise InputError(
+                        path,
+                        line_no,
+                        f"invalid UTF-8 at byte {e.start + 1}",
+                        "the file must be UTF-8 encoded",
+                    ) from e
+                if line.strip():
+                    yield line_no, line
+    except (OSError, EOFError, zlib.error) as e:
+        raise InputError(path, None, f"cannot read: {getattr(e, 'strerror', None) or e}") from e
+
+
+def _tsv_query(path: Path, line_no: int, line: str) -> tuple[str, str]:
+    columns = line.split("\t")
+    if len(columns) != 2:
+        problem = "no text column" if len(columns) == 1 else f"{len(columns)} tab-separated columns"
+        raise InputError(
+            path, line_no, f"{problem}, expected 2: qid<TAB>text", "a query cannot contain a tab"
+        )
+    return columns[0], columns[1]
+
+
+def _json_query(path: Path, line_no: int, line: str) -> tuple[str, str]:
+    try:
+        record = orjson.loads(line)
+    except orjson.JSONDecodeError as e:
+        raise InputError(path, line_no, f"malformed JSON: {e.msg} at column {e.colno}") from e
+    if not isinstance(record, dict):
+        raise InputError(path, line_no, "expected a JSON object")
+    return (
+        _json_field(path, line_no, record, _QID_KEYS, (str, int)),
+        _json_field(path, line_no, record, _QUERY_TEXT_KEYS, (str,)),
+    )
+
+
+def _json_field(
+    path: Path, line_no: int, record: dict[str, Any], keys: tuple[str, ...], kinds: tuple[type, ...]
+) -> str:
+    key = next((k for k in keys if k in record), None)
+    if key is None:
+        raise InputError(path, line_no, f"no field {' or '.join(map(repr, keys))}")
+    value = record[key]
+    if type(value) not in kinds:  # type(), not isinstance: a boolean is no id
+        raise InputError(
+            path,
+            line_no,
+            f"field {key!r} is {type(value).__name__}, expected {' or '.join(k.__name__ for k in kinds)}",
+        )
+    return str(value)
