@@ -185,9 +185,8 @@ class CorpusReader:
             if not doc_id:
                 raise _Bad(f"empty id in field {id_key!r}")
             if "\n" in doc_id or "\r" in doc_id or "\x00" in doc_id:
-                raise _Bad(
-                    f"id {doc_id!r} contains a line break or NUL, which index files cannot hold", doc_id
-                )
+                # doc_id left out of the report: line-based reports cannot hold it either
+                raise _Bad(f"id {doc_id!r} contains a line break or NUL, which index files cannot hold")
         else:
             raise _Bad(f"id field {id_key!r} is {_kind(value)}, expected a string or an integer")
         text_keys, optional = _text_fields(self.fields, record)
@@ -300,7 +299,7 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
 
 def _json_problem(line: bytes, error: orjson.JSONDecodeError) -> _Bad:
     if b"\x00" in line:
-        return _Bad(f"raw NUL byte at byte {line.index(0) + 1}", hint="is the file binary or UTF-16?")
+        return _Bad(f"raw NUL byte at byte {line.index(0) + 1}", hint="the file may be binary or UTF-16")
     try:
         line.decode("utf-8")
     except UnicodeDecodeError as e:
