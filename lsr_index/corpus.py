@@ -166,7 +166,7 @@ class CorpusReader:
                 yield from _jsonl_records(path)
             else:
                 yield from _table_records(path, fmt, self.fields, self.batch_size)
-        except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
+        except (OSError, EOFError, zlib.error, UnicodeDecodeError, pa.ArrowException) as e:
             raise InputError(path, None, f"cannot read this {fmt} file: {_describe(e)}") from e
 
     def _document(self, record: Any) -> tuple[str, str]:
