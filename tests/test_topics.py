@@ -1,0 +1,124 @@
+"""Query and qrels readers: the formats in use (TREC, BEIR, Anserini TSV) and every rejected line."""
+
+from __future__ import annotations
+
+import gzip
+import re
+from pathlib import Path
+
+import pytest
+
+from lsr_index.errors import InputError
+from lsr_index.topics import read_qrels, read_queries
+
+
+def write(path: Path, data: str | bytes) -> Path:
+    raw = data.encode() if isinstance(data, str) else data
+    path.write_bytes(gzip.compress(raw) if path.name.endswith(".gz") else raw)
+    return path
+
+
+@pytest.mark.parametrize("name", ["q.tsv", "q.txt", "q.tsv.gz"])
+def test_tsv_queries(tmp_path, name):
+    path = write(tmp_path / name, "\ufeff1\tfirst query\r\n\n  \n3\t naïve “quotes” \n")
+    assert read_queries(path) == [("1", "first query"), ("3", " naïve “quotes” ")]
+
+
+@pytest.mark.parametrize("name", ["queries.jsonl", "queries.json", "queries.jsonl.gz"])
+def test_jsonl_queries_like_beir(tmp_path, name):
+    lines = [
+        '{"_id": "q1", "text": "beir style", "metadata": {}}',
+        '{"id": 2, "query": "int id, query field"}',
+        '{"qid": "q3", "text": "qid field"}',
+    ]
+    assert read_queries(write(tmp_path / name, "\n".join(lines))) == [
+        ("q1", "beir style"),
+        ("2", "int id, query field"),
+        ("q3", "qid field"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "line", "message"),
+    [
+        ("q.tsv", "1\tok\n2\n", 2, "no text column, expected 2: qid<TAB>text"),
+        ("q.tsv", "1\tok\n2\ta\tb\n", 2, "3 tab-separated columns"),
+        ("q.tsv", "1\tok\n2\t  \n", 2, "query '2' has empty text"),
+        ("q.tsv", "1\tok\n2\t\n", 2, "query '2' has empty text"),
+        ("q.tsv", "1\tok\n\tno id\n", 2, "empty query id"),
+        ("q.tsv", "1\tok\nq 2\ttext\n", 2, "query id 'q 2' contains whitespace"),
+        ("q.tsv", "1\tok\n\n1\tagain\n", 3, r"duplicate query id '1' \(first on line 1\)"),
+        ("q.tsv", b"1\tok\n2\tcaf\xe9\n", 2, "invalid UTF-8 at byte 6"),
+        ("q.jsonl", '{"_id": "1", "text": "ok"}\n{"_id": "2", "text": \n', 2, "malformed JSON"),
+        ("q.jsonl", '{"_id": "1", "text": "ok"}\n["2", "t"]\n', 2, "expected a JSON object"),
+        ("q.jsonl", '{"_id": "1", "text": "ok"}\n{"text": "t"}\n', 2, "no field '_id' or 'id' or 'qid'"),
+        ("q.jsonl", '{"_id": "1", "text": "ok"}\n{"_id": "2"}\n', 2, "no field 'text' or 'query'"),
+        ("q.jsonl", '{"_id": "1", "text": "ok"}\n{"_id": true, "text": "t"}\n', 2, "field '_id' is bool"),
+        ("q.jsonl", '{"_id": "1", "text": "ok"}\n{"_id": "2", "text": 3}\n', 2, "field 'text' is int"),
+        ("q.jsonl", '{"_id": "1", "text": "ok"}\n{"_id": "1", "query": "t"}\n', 2, "duplicate query id '1'"),
+    ],
+)
+def test_bad_query_lines(tmp_path, name, content, line, message):
+    path = write(tmp_path / name, content)
+    with pytest.raises(InputError, match=message) as caught:
+        read_queries(path)
+    assert caught.value.where == line and str(caught.value).startswith(f"{path}:{line}: ")
+
+
+@pytest.mark.parametrize("reader", [read_queries, read_qrels])
+@pytest.mark.parametrize("content", [b"", b"\n \n"])
+def test_empty_files_are_refused(tmp_path, reader, content):
+    with pytest.raises(InputError, match="^" + re.escape(str(tmp_path)) + ".*: no (queries|judgments)"):
+        reader(write(tmp_path / "f.tsv", content))
+
+
+@pytest.mark.parametrize("reader", [read_queries, read_qrels])
+def test_unreadable_files_are_input_errors(tmp_path, reader):
+    with pytest.raises(InputError, match="cannot read"):
+        reader(tmp_path / "missing.tsv")
+    with pytest.raises(InputError, match="cannot read"):
+        reader(tmp_path)  # a directory
+    truncated = tmp_path / "t.tsv.gz"
+    line = "{0}\tquery {0}\n" if reader is read_queries else "{0} 0 d{0} 1\n"
+    truncated.write_bytes(gzip.compress("".join(map(line.format, range(1000))).encode())[:-20])
+    with pytest.raises(InputError, match="cannot read"):
+        reader(truncated)
+
+
+def test_trec_qrels(tmp_path):
+    path = write(tmp_path / "qrels.txt", "1 0 d1 1\n1\t0\td2\t0\n\n2 Q0 d1 -1\n1 0 d1 1\n")
+    assert read_qrels(path) == {"1": {"d1": 1, "d2": 0}, "2": {"d1": -1}}
+
+
+def test_beir_qrels_with_header(tmp_path):
+    path = write(tmp_path / "test.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t2\n")
+    assert read_qrels(path) == {"q1": {"d1": 1, "d2": 2}}
+
+
+@pytest.mark.parametrize(
+    ("content", "line", "message"),
+    [
+        ("1 0 d1 1\n1 0 d2\n", 2, "3 columns, expected 4"),
+        ("1 d1 1\n1 0 d2 1\n", 2, "4 columns, expected 3"),
+        ("1 0 d1 1\n1 0 d2 1 extra\n", 2, r"5 columns, expected 4"),
+        ("1 d1\n", 1, r"2 columns, expected 4 \(qid 0 docid rel\) or 3 \(qid docid rel\)"),
+        ("1 0 d1 1\n1 0 d2 1.0\n", 2, "relevance '1.0' is not an integer"),
+        ("1 0 d1 one\n", 1, "relevance 'one' is not an integer"),
+        ("1 0 d1 1\nquery-id corpus-id score\n", 2, "3 columns, expected 4"),
+        ("1 0 d1 1\n1 0 d1 2\n", 2, r"\(1, d1\) judged 1 earlier, now 2"),
+        (b"1 0 d1 1\n1 0 d\xff 1\n", 2, "invalid UTF-8 at byte 6"),
+    ],
+)
+def test_bad_qrels_lines(tmp_path, content, line, message):
+    path = write(tmp_path / "qrels.txt", content)
+    with pytest.raises(InputError, match=message) as caught:
+        read_qrels(path)
+    assert caught.value.where == line and str(caught.value).startswith(f"{path}:{line}: ")
+
+
+def test_scifact_topics(scifact):
+    queries = read_queries(scifact / "queries.tsv")
+    qrels = read_qrels(scifact / "qrels.tsv")
+    assert len(queries) == len(qrels) == 300
+    assert sum(map(len, qrels.values())) == 339
+    assert {qid for qid, _ in queries} == set(qrels)
