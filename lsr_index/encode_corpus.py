@@ -73,7 +73,7 @@ def _describe_input(reader: CorpusReader) -> dict:
 def _open_output(out: Path, fresh: Manifest, overwrite: bool) -> Manifest:
     """Start, resume or refuse, depending on what the directory already holds."""
     if not (out / "manifest.json").exists():
-        if any(out.iterdir()) and not overwrite:
+        if any(p.name != ".lock" for p in out.iterdir()) and not overwrite:
             raise LsrIndexError(f"{out} exists and is not an lsr-index output; choose another directory "
                                 "or pass --overwrite")
         return fresh
@@ -132,7 +132,7 @@ def _run(reader: CorpusReader, encoder: SpladeEncoder, out: Path, options: Encod
     writer: ShardWriter | None = None
     t0 = time.perf_counter()
     tokens0 = encoder.n_tokens
-    bar = tqdm(desc="encode", unit=" doc", disable=not options.progress, initial=start_doc, dynamic_ncols=True)
+    bar = tqdm(desc="encode", unit=" doc", disable=None if options.progress else True, initial=start_doc, dynamic_ncols=True)
 
     def tokenized() -> Iterator[tuple[list[str], list[list[int]]]]:
         for batch in _slices(reader, start_doc):
@@ -157,7 +157,7 @@ def _run(reader: CorpusReader, encoder: SpladeEncoder, out: Path, options: Encod
                 done += take
                 position += take
                 if writer.docs == options.shard_docs:
-                    manifest.shards.append(writer.finish(start=position - writer.docs))
+                    manifest.shards.append(writer.finish(position - writer.docs, out))
                     manifest.save(out)
                     writer = None
             bar.update(len(ids))
@@ -166,7 +166,7 @@ def _run(reader: CorpusReader, encoder: SpladeEncoder, out: Path, options: Encod
             if on_progress:
                 on_progress(position, manifest.docs)
         if writer is not None and writer.docs:
-            manifest.shards.append(writer.finish(start=position - writer.docs))
+            manifest.shards.append(writer.finish(position - writer.docs, out))
             writer = None
     finally:
         bar.close()

@@ -24,6 +24,7 @@ from .writers import read_shard, verify_shards
 
 INDEX_MANIFEST = "lsr-index.json"
 _jvm_heap: str | None = None
+_jvm_logger: list = []
 
 
 def java_home() -> Path:
@@ -56,6 +57,11 @@ def jvm(heap: str = "2g"):
         if not jnius_config.vm_running:
             jnius_config.set_classpath(str(anserini_jar()))
             jnius_config.set_options(f"-Xmx{heap}", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn")
+        from jnius import autoclass
+
+        logger = autoclass("java.util.logging.Logger").getLogger("org.apache.lucene")
+        logger.setLevel(autoclass("java.util.logging.Level").WARNING)  # silence Lucene's start-up INFO
+        _jvm_logger.append(logger)  # JUL holds loggers weakly: keep this one alive
         _jvm_heap = heap
     from jnius import autoclass
 
@@ -93,7 +99,7 @@ def _watch(proc: subprocess.Popen, total: int, progress: bool) -> None:
     """A progress bar over the indexer's elapsed time (Anserini reports counts only at the end)."""
     from tqdm import tqdm
 
-    with tqdm(desc=f"index {total:,} docs", unit="s", disable=not progress, dynamic_ncols=True,
+    with tqdm(desc=f"index {total:,} docs", unit="s", disable=None if progress else True, dynamic_ncols=True,
               bar_format="{desc}: {elapsed} elapsed") as bar:
         while proc.poll() is None:
             time.sleep(0.5)

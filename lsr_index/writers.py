@@ -74,12 +74,13 @@ class ShardWriter:
         if self.fmt != "parquet":
             self._raw.close()
 
-    def finish(self, start: int) -> Shard:
+    def finish(self, start: int, root: Path) -> Shard:
+        """Publish the shard; `root` is the manifest's directory, which shard paths are relative to."""
         self._close()
         with open(self.tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(self.tmp, self.path)
-        return Shard(file=self.path.name, start=start, docs=self.docs, nonzeros=self.nonzeros,
+        return Shard(file=self.path.relative_to(root).as_posix(), start=start, docs=self.docs, nonzeros=self.nonzeros,
                      sha256=sha256_file(self.path))
 
     def abort(self) -> None:

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The main job on the shipped sample: encode → build → search → eval, offline, on CPU, in a few minutes.
+# Usage: pipelines/sample.sh [WORKDIR]   (default: lsr-out/sample)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+WORK=${1:-lsr-out/sample}
+LSR=".venv/bin/lsr-index --workdir $WORK"
+$LSR encode data/sample/corpus.jsonl --preset splade-tiny --overwrite
+$LSR build --overwrite
+$LSR search --queries data/sample/queries.tsv --qrels data/sample/qrels.tsv

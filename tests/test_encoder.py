@@ -1,0 +1,49 @@
+"""The encoder equals SPLADE's literal pooling on the real model, whatever the bucketing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from lsr_index.encoder import SpladeEncoder, length_buckets
+
+TEXTS = ["Alpha-synuclein aggregates in neurons of patients with Parkinson's disease.",
+         "x",
+         "BRCA1 mutations raise the lifetime risk of breast cancer " * 12,
+         "Vitamin D supplementation and fracture risk in older adults: a randomized trial.",
+         "CRISPR"]
+
+
+def literal_splade(model, texts: list[str], max_length: int) -> torch.Tensor:
+    """As SPLADE, Pyserini and sentence-transformers compute it: full logits, log1p(relu), mask, max."""
+    batch = model.tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = hidden.double() @ model.weight.double().T + model.bias.double()
+    return (torch.log1p(torch.relu(logits)) * batch["attention_mask"][..., None]).amax(dim=1)
+
+
+@pytest.mark.parametrize("max_tokens", [64, 100_000])
+def test_encoder_matches_literal_pooling(splade_tiny, max_tokens):
+    encoder = SpladeEncoder(splade_tiny, max_tokens=max_tokens)
+    got = encoder.encode(TEXTS, max_length=48)
+    expected = literal_splade(splade_tiny, TEXTS, 48)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+    assert encoder.n_tokens == sum(min(len(x), 48) for x in encoder.tokenize(TEXTS, 10_000))
+
+
+def test_max_length_truncates(splade_tiny):
+    encoder = SpladeEncoder(splade_tiny)
+    assert max(len(x) for x in encoder.tokenize(TEXTS, 16)) == 16
+    torch.testing.assert_close(encoder.encode(TEXTS[2:3], 16).double(), literal_splade(splade_tiny, TEXTS[2:3], 16),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_length_buckets_cover_each_position_once_within_budget():
+    lengths = np.random.default_rng().integers(1, 300, size=257)
+    buckets = length_buckets(lengths, max_tokens=1000)
+    seen = np.concatenate(buckets)
+    assert sorted(seen.tolist()) == list(range(257))
+    for b in buckets:
+        assert len(b) == 1 or len(b) * lengths[b].max() <= 1000

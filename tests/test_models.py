@@ -1,0 +1,64 @@
+"""The embedded default resolves from the registry, is checksummed, and splits into body + head exactly."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from lsr_index.errors import LsrIndexError
+from lsr_index.models import EMBEDDED, load_model, resolve_model, sha256_file
+
+
+def test_embedded_model_is_verified_and_cached(splade_tiny):
+    assert splade_tiny.sha256 == EMBEDDED["splade-tiny"].sha256
+    assert sha256_file(splade_tiny.path / "model.safetensors") == EMBEDDED["splade-tiny"].sha256
+    assert splade_tiny.weight.shape == (30522, 128) and splade_tiny.bias.shape == (30522,)
+    assert resolve_model("splade-tiny") == splade_tiny.path  # second resolution hits the cache
+    assert splade_tiny.vocab[splade_tiny.tokenizer.convert_tokens_to_ids("protein")] == "protein"
+
+
+def test_body_plus_head_equals_the_masked_lm(splade_tiny):
+    from transformers import AutoModelForMaskedLM
+
+    reference = AutoModelForMaskedLM.from_pretrained(splade_tiny.path, use_safetensors=True).eval()
+    batch = splade_tiny.tokenizer(["a protein binds the receptor", "x"], return_tensors="pt", padding=True)
+    with torch.no_grad():
+        expected = reference(**batch).logits
+        hidden = splade_tiny.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    got = hidden @ splade_tiny.weight.T + splade_tiny.bias
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_legacy_gamma_beta_names_are_loaded_not_reinitialised(splade_tiny):
+    from safetensors.torch import load_file
+
+    raw = load_file(splade_tiny.path / "model.safetensors")
+    assert "bert.embeddings.LayerNorm.gamma" in raw  # the shipped file uses the old names
+    loaded = dict(splade_tiny.body.named_parameters())
+    torch.testing.assert_close(loaded["bert.embeddings.LayerNorm.weight"], raw["bert.embeddings.LayerNorm.gamma"])
+
+
+def test_corrupted_cache_is_detected(splade_tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("LSR_INDEX_CACHE", str(tmp_path))
+    target = tmp_path / "models" / f"splade-tiny-{EMBEDDED['splade-tiny'].sha256[:12]}"
+    shutil.copytree(splade_tiny.path, target)
+    with open(target / "model.safetensors", "r+b") as f:
+        f.seek(4096)
+        f.write(b"\x00" * 16)
+    with pytest.raises(LsrIndexError, match="checksum mismatch"):
+        load_model("splade-tiny")
+
+
+def test_pickled_weights_are_refused(splade_tiny, tmp_path):
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(splade_tiny.path / name, tmp_path / name)
+    (tmp_path / "pytorch_model.bin").write_bytes(b"not really a pickle")
+    with pytest.raises(LsrIndexError, match="pickled weights are refused"):
+        load_model(str(tmp_path))
+
+
+def test_unknown_model_name_is_a_clear_error():
+    with pytest.raises(LsrIndexError, match="no such directory"):
+        resolve_model("./no/such/model")

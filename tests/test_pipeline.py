@@ -1,0 +1,183 @@
+"""Encode → build → search on real components: the real model, real files, a real Lucene index."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lsr_index.corpus import CorpusReader
+from lsr_index.encode_corpus import EncodeOptions, encode_corpus
+from lsr_index.encoder import SpladeEncoder
+from lsr_index.errors import LsrIndexError
+from lsr_index.manifest import Manifest
+from lsr_index.writers import read_shard
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
+
+pytestmark = pytest.mark.lucene
+LSR = [sys.executable, "-m", "lsr_index"]
+
+
+def encode(model, source, out: Path, **options) -> Manifest:
+    options = {"doc_max_length": 96, "progress": False, **options}
+    return encode_corpus(CorpusReader(source), SpladeEncoder(model), out, EncodeOptions(**options))
+
+
+def vectors_of(directory: Path) -> dict[str, dict[str, int]]:
+    manifest = Manifest.load(directory)
+    return {doc: vec for shard in manifest.shards for doc, vec in read_shard(directory / shard.file)}
+
+
+@pytest.fixture(scope="module")
+def built(splade_tiny, tmp_path_factory):
+    from lsr_index.lucene import build_index
+
+    work = tmp_path_factory.mktemp("built")
+    manifest = encode(splade_tiny, SAMPLE / "corpus.jsonl", work / "vectors", shard_docs=150, output_format="jsonl")
+    info = build_index(work / "vectors", work / "index", threads=2, heap="1g", progress=False)
+    return work, manifest, info
+
+
+def test_manifest_records_what_was_made(built):
+    work, manifest, info = built
+    assert manifest.complete and manifest.docs == 400 == info["documents"]
+    assert [s.docs for s in manifest.shards] == [150, 150, 100]
+    assert [s.start for s in manifest.shards] == [0, 150, 300]
+    vectors = vectors_of(work / "vectors")
+    assert len(vectors) == 400 and sum(len(v) for v in vectors.values()) == manifest.nonzeros
+    assert manifest.model["name"] == "splade-tiny" and manifest.quantization["scale"] == 100.0
+    assert all(w > 0 and isinstance(w, int) for v in vectors.values() for w in v.values())
+
+
+def test_lucene_topk_equals_exact_integer_dot_product(built, splade_tiny):
+    from lsr_index.lucene import ImpactSearcher
+    from lsr_index.search import encode_queries, load_query_encoder
+    from lsr_index.topics import read_queries
+
+    work, _, _ = built
+    docs = vectors_of(work / "vectors")
+    encoder, quantization, manifest = load_query_encoder(work / "index", None, "cpu", "auto")
+    queries = encode_queries(encoder, quantization, read_queries(SAMPLE / "queries.tsv"), 64)
+    searcher = ImpactSearcher(work / "index")
+    lucene = searcher.search(queries, hits=25, threads=2)
+    searcher.close()
+    compared = 0
+    for qid, q in queries:
+        scores = {doc: sum(w * v.get(t, 0) for t, w in q.items()) for doc, v in docs.items()}
+        exact = sorted(((d, s) for d, s in scores.items() if s > 0), key=lambda x: (-x[1], x[0]))[:25]
+        assert [(d, float(s)) for d, s in exact] == lucene[qid], qid
+        compared += len(exact)
+    assert compared > 60 * 20
+
+
+def test_build_refuses_a_corrupted_shard(built, tmp_path):
+    import shutil
+
+    from lsr_index.lucene import build_index
+
+    work, manifest, _ = built
+    shutil.copytree(work / "vectors", tmp_path / "vectors")
+    shard = tmp_path / "vectors" / manifest.shards[1].file
+    shard.write_bytes(shard.read_bytes()[:-100])
+    with pytest.raises(LsrIndexError, match="checksum mismatch"):
+        build_index(tmp_path / "vectors", tmp_path / "index", progress=False)
+    assert not (tmp_path / "index").exists()
+
+
+def test_build_never_overwrites_without_permission(built):
+    from lsr_index.lucene import build_index
+
+    work, _, _ = built
+    with pytest.raises(LsrIndexError, match="--overwrite"):
+        build_index(work / "vectors", work / "index", progress=False)
+
+
+def test_search_refuses_another_model(built, splade_tiny, tmp_path):
+    import shutil
+
+    from lsr_index.search import search
+
+    work, _, _ = built
+    other = tmp_path / "other-model"
+    shutil.copytree(splade_tiny.path, other)
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(other / "model.safetensors")
+    weights["cls.predictions.bias"] = weights["cls.predictions.bias"] + 0.5
+    save_file(weights, other / "model.safetensors")
+    with pytest.raises(LsrIndexError, match="is not the one that encoded"):
+        search(work / "index", [("1", "protein")], model=str(other))
+
+
+def test_encode_refuses_to_overwrite_a_complete_output(built, splade_tiny):
+    work, _, _ = built
+    with pytest.raises(LsrIndexError, match="--overwrite"):
+        encode(splade_tiny, SAMPLE / "corpus.jsonl", work / "vectors", shard_docs=150, output_format="jsonl")
+
+
+def _encode_cmd(out: Path) -> list[str]:
+    return [*LSR, "--quiet", "encode", str(SAMPLE / "corpus.jsonl"), "-o", str(out), "--shard-docs", "40",
+            "--doc-max-length", "64", "--format", "jsonl"]
+
+
+def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
+    """Kill `encode` at several points in a row; each rerun continues; the end result is identical."""
+    subprocess.run(_encode_cmd(tmp_path / "whole"), check=True, capture_output=True)
+    out = tmp_path / "killed"
+    kills = 0
+    for wait_for_shards in (1, 3, 6):
+        proc = subprocess.Popen(_encode_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None:
+            try:
+                if len(json.loads((out / "manifest.json").read_text())["shards"]) >= wait_for_shards:
+                    break
+            except (FileNotFoundError, json.JSONDecodeError, KeyError):
+                pass
+            time.sleep(0.05)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+        assert not Manifest.load(out).complete or proc.returncode == 0
+    done = subprocess.run(_encode_cmd(out), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert kills >= 2
+    whole, resumed = Manifest.load(tmp_path / "whole"), Manifest.load(out)
+    assert resumed.complete and resumed.docs == whole.docs == 400
+    assert [s.sha256 for s in resumed.shards] == [s.sha256 for s in whole.shards]
+    assert vectors_of(out) == vectors_of(tmp_path / "whole")
+    assert not list((out / "shards").glob(".*"))
+
+
+def test_cli_runs_the_whole_pipeline_on_the_sample(tmp_path):
+    work = ["--workdir", str(tmp_path), "--quiet"]
+    steps = [["encode", str(SAMPLE / "corpus.jsonl"), "--doc-max-length", "128"], ["build", "--threads", "2"],
+             ["search", "--queries", str(SAMPLE / "queries.tsv"), "--qrels", str(SAMPLE / "qrels.tsv"),
+              "--hits", "100"]]
+    outputs = [subprocess.run([*LSR, *work, *step], capture_output=True, text=True) for step in steps]
+    for step, result in zip(steps, outputs):
+        assert result.returncode == 0, (step, result.stderr)
+    metrics = dict(zip(*[iter(outputs[-1].stdout.split("\n")[-2].split())] * 2))
+    assert float(metrics["nDCG@10"]) > 0.5  # 60 queries over 400 docs; the full collection gives 0.64
+    run = (tmp_path / "runs" / "queries.trec").read_text().splitlines()
+    assert len(run) == 60 * 100 and run[0].split()[1] == "Q0" and run[0].split()[3] == "1"
+    evaluated = subprocess.run([*LSR, "eval", "--run", str(tmp_path / "runs" / "queries.trec"), "--qrels",
+                                str(SAMPLE / "qrels.tsv")], capture_output=True, text=True)
+    assert evaluated.stdout.split() == outputs[-1].stdout.split("\n")[-2].split()
+
+
+def test_cli_errors_are_one_clear_line(tmp_path):
+    missing = subprocess.run([*LSR, "--workdir", str(tmp_path), "encode", str(tmp_path / "nope.jsonl")],
+                             capture_output=True, text=True)
+    assert missing.returncode == 1 and "nope.jsonl" in missing.stderr and "Traceback" not in missing.stderr
+    no_index = subprocess.run([*LSR, "--workdir", str(tmp_path), "search", "--queries", str(SAMPLE / "queries.tsv")],
+                              capture_output=True, text=True)
+    assert no_index.returncode == 1 and "lsr-index build" in no_index.stderr and "Traceback" not in no_index.stderr
