@@ -134,7 +134,7 @@ class CorpusReader:
                         raise _Bad(
                             f"duplicate id {doc_id!r}: an earlier record has it",
                             doc_id,
-                            "ids must be unique across all shards; on_error='skip' keeps the first",
+                            "ids must be unique across all shards (skipping keeps the first)",
                         )
                     seen.add(key)
                 except _Bad as bad:
@@ -149,8 +149,10 @@ class CorpusReader:
         if ids:
             yield self._batch(ids, texts)
         if self.n_docs == 0:
-            detail = f": all {len(self.skipped)} records were skipped" if self.skipped else ""
-            raise InputError(self._label, None, f"no documents{detail}", "the corpus is empty")
+            if self.skipped:
+                reason = f"no documents: all {len(self.skipped)} records were skipped"
+                raise InputError(self._label, None, reason, f"the first: {self.skipped[0].reason}")
+            raise InputError(self._label, None, "no documents", "the corpus files are empty")
 
     def _batch(self, ids: list[str], texts: list[str]) -> pa.RecordBatch:
         self.n_docs += len(ids)
