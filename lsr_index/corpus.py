@@ -248,7 +248,8 @@ def _resolve(sources: list[str | os.PathLike[str]]) -> list[Path]:
 def _expand(source: str | os.PathLike[str]) -> list[Path]:
     path = Path(source)
     if path.is_dir():
-        files = sorted((p for p in path.iterdir() if not p.name.startswith(".") and _format(p)), key=str)
+        found = (p for p in path.iterdir() if _format(p) and p.is_file() and not p.name.startswith("."))
+        files = sorted(found, key=str)
         if not files:
             raise InputError(
                 path,

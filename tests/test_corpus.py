@@ -133,8 +133,8 @@ def test_directory_reads_supported_files_sorted_and_ignores_the_rest(tmp_path):
         write_records(tmp_path, name.split(".", 1)[1], [{"id": name, "text": "x"}], name=name.split(".")[0])
     (tmp_path / "README.md").write_text("not a corpus")
     write_jsonl(tmp_path / ".hidden.jsonl", [{"id": "hidden", "text": "x"}])
-    (tmp_path / "sub").mkdir()
-    write_jsonl(tmp_path / "sub" / "d.jsonl", [{"id": "nested", "text": "x"}])
+    (tmp_path / "sub.jsonl").mkdir()  # a directory, despite its name
+    write_jsonl(tmp_path / "sub.jsonl" / "d.jsonl", [{"id": "nested", "text": "x"}])
     reader = CorpusReader(tmp_path)
     assert [p.name for p in reader.files] == ["a.parquet", "b.jsonl", "c.jsonl.gz"]
     assert [i for i, _ in read(reader)] == ["a.parquet", "b.jsonl", "c.jsonl.gz"]
