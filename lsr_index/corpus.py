@@ -93,7 +93,8 @@ class CorpusReader:
     ``source`` is a file, a directory (its supported files, sorted by name; subdirectories and hidden
     files are ignored), a glob pattern (``**`` recurses; sorted), or a list of these, read in the order
     given. Batches hold at most ``batch_size`` rows. Ids must be unique across all shards; each
-    iteration starts afresh (``skipped`` and ``n_docs`` are reset).
+    iteration starts afresh (``skipped`` and ``n_docs`` are reset). Memory is bounded by one batch, one
+    JSONL line, and for Parquet by one row group (Parquet decodes column chunks whole).
     """
 
     def __init__(
