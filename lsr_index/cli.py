@@ -99,7 +99,7 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
 @click.option("--text-field", "text_fields", multiple=True,
               help="Text field(s), joined by a space; repeat for several [default: title+text, or contents].")
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail",
-              help="On a bad record: stop with its location, or skip it and list it in skipped.tsv.")
+              help="On a bad record: stop with its location, or skip it and list it in skipped.jsonl.")
 @click.option("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
               help="Model precision [default: bfloat16 on GPU, float32 on CPU].")
@@ -140,7 +140,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
                f"{stats['nonzeros_per_doc']:.1f} nonzeros/doc, {stats['seconds']:.1f} s"
                + (f", resumed at document {stats['resumed_at']:,}" if stats["resumed_at"] else "") + ")")
     if manifest.skipped:
-        click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.tsv'}", err=True)
+        click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.jsonl'}", err=True)
 
 
 @main.command()
@@ -186,7 +186,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
            threads: int, run_format: str, qrels: Path | None, model: str | None, device: str) -> None:
     """Search the index with queries encoded by the index's own model and quantization."""
     from . import search as searching
-    from .topics import read_queries, read_qrels
+    from .topics import read_qrels, read_queries
 
     index = index or ctx.obj["workdir"] / "index"
     run_path = run_path or ctx.obj["workdir"] / "runs" / f"{queries.name.split('.')[0]}.{run_format}"

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
+import orjson
 import pyarrow as pa
 
 from .corpus import CorpusReader
@@ -28,7 +29,7 @@ from .writers import ShardWriter, check_vocab
 
 T = TypeVar("T")
 SHARDS = "shards"
-SKIPPED_REPORT = "skipped.tsv"
+SKIPPED_REPORT = "skipped.jsonl"  # JSON lines: ids may hold tabs or quotes
 
 
 @dataclass(frozen=True)
@@ -132,7 +133,8 @@ def _run(reader: CorpusReader, encoder: SpladeEncoder, out: Path, options: Encod
     writer: ShardWriter | None = None
     t0 = time.perf_counter()
     tokens0 = encoder.n_tokens
-    bar = tqdm(desc="encode", unit=" doc", disable=None if options.progress else True, initial=start_doc, dynamic_ncols=True)
+    bar = tqdm(desc="encode", unit=" doc", initial=start_doc, dynamic_ncols=True,
+               disable=None if options.progress else True)
 
     def tokenized() -> Iterator[tuple[list[str], list[list[int]]]]:
         for batch in _slices(reader, start_doc):
@@ -141,7 +143,12 @@ def _run(reader: CorpusReader, encoder: SpladeEncoder, out: Path, options: Encod
 
     try:
         for ids, token_ids in prefetch(tokenized()):
-            parts = [(pos, quantize(w, options.quantization)) for pos, w in encoder.encode_ids(token_ids)]
+            parts = []
+            for pos, weights in encoder.encode_ids(token_ids):
+                parts.append((pos, quantize(weights, options.quantization)))
+                bar.update(len(pos))
+                elapsed = max(time.perf_counter() - t0, 1e-9)
+                bar.set_postfix_str(f"{(encoder.n_tokens - tokens0) / elapsed:,.0f} tok/s", refresh=False)
             vectors = SparseVectors.stack(parts, len(ids))
             done = 0
             while done < len(ids):
@@ -160,9 +167,6 @@ def _run(reader: CorpusReader, encoder: SpladeEncoder, out: Path, options: Encod
                     manifest.shards.append(writer.finish(position - writer.docs, out))
                     manifest.save(out)
                     writer = None
-            bar.update(len(ids))
-            elapsed = max(time.perf_counter() - t0, 1e-9)
-            bar.set_postfix_str(f"{(encoder.n_tokens - tokens0) / elapsed:,.0f} tok/s", refresh=False)
             if on_progress:
                 on_progress(position, manifest.docs)
         if writer is not None and writer.docs:
@@ -174,8 +178,9 @@ def _run(reader: CorpusReader, encoder: SpladeEncoder, out: Path, options: Encod
             writer.abort()
     if manifest.docs == 0:
         raise LsrIndexError("the corpus yielded no documents to encode")
-    report = "".join(f"{s.path}\t{s.where or ''}\t{s.doc_id or ''}\t{s.reason}\n" for s in reader.skipped)
-    atomic_write_bytes(out / SKIPPED_REPORT, ("file\tline\tid\treason\n" + report).encode())
+    atomic_write_bytes(out / SKIPPED_REPORT, b"".join(
+        orjson.dumps({"file": s.path, "line": s.where, "id": s.doc_id, "reason": s.reason}) + b"\n"
+        for s in reader.skipped))
     elapsed = time.perf_counter() - t0
     new_docs = manifest.docs - start_doc
     manifest.skipped = len(reader.skipped)

@@ -63,7 +63,7 @@ def test_lucene_topk_equals_exact_integer_dot_product(built, splade_tiny):
 
     work, _, _ = built
     docs = vectors_of(work / "vectors")
-    encoder, quantization, manifest = load_query_encoder(work / "index", None, "cpu", "auto")
+    encoder, quantization, _ = load_query_encoder(work / "index", None, "cpu", "auto")
     queries = encode_queries(encoder, quantization, read_queries(SAMPLE / "queries.tsv"), 64)
     searcher = ImpactSearcher(work / "index")
     lucene = searcher.search(queries, hits=25, threads=2)
