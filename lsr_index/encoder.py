@@ -10,9 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-import torch
-
 import sparton
+import torch
 
 from .models import SpladeModel
 
