@@ -1,0 +1,74 @@
+"""sparton: fused SPLADE max pooling, log1p(relu(max over tokens of H·Wᵀ + bias)), without [B, L, V] logits.
+
+CUDA tensors run the Triton kernel (``splade_head``); CPU tensors run the chunked PyTorch reference, or the
+Triton kernel under Triton's interpreter when TRITON_INTERPRET=1 and ``backend="triton"`` (for tests).
+The Triton path is inference-only: it has no backward.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .reference import splade_max_packed_reference, splade_max_reference
+
+try:
+    from . import splade_head
+except ImportError:  # triton is an optional dependency (the "gpu" extra); the reference still works
+    splade_head = None
+
+__all__ = ["splade_max", "splade_max_packed", "splade_max_packed_reference", "splade_max_reference"]
+
+_BACKENDS = ("auto", "triton", "torch")
+
+
+def _use_triton(hidden: Tensor, backend: str) -> bool:
+    if backend not in _BACKENDS:
+        raise ValueError(f"sparton: backend must be one of {_BACKENDS}, got {backend!r}")
+    if backend == "torch":
+        return False
+    if backend == "auto":
+        return hidden.is_cuda and splade_head is not None
+    if splade_head is None:
+        raise RuntimeError("sparton: backend='triton' needs the triton package")
+    if not (hidden.is_cuda or (hidden.device.type == "cpu" and splade_head.interpreting())):
+        raise ValueError("sparton: backend='triton' needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1")
+    return True
+
+
+def _forbid_grad(*tensors: Tensor | None) -> None:
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
+        raise RuntimeError(
+            "sparton: the Triton SPLADE head is inference-only (no backward); "
+            "call it under torch.no_grad() / torch.inference_mode(), or use backend='torch'"
+        )
+
+
+def splade_max(hidden: Tensor, weight: Tensor, bias: Tensor | None, mask: Tensor, *, backend: str = "auto") -> Tensor:
+    """w[b, v] = log1p(relu(max over kept s of hidden[b, s]·weight[v] + bias[v])); 0 where row b keeps nothing.
+
+    hidden [B, L, H] (bf16 / fp16 / fp32), weight [V, H] of the same dtype, bias [V] or None,
+    mask [B, L] (bool or int, nonzero = keep). Returns float32 [B, V].
+    """
+    if _use_triton(hidden, backend):
+        _forbid_grad(hidden, weight, bias)
+        return torch.ops.sparton.splade_max(hidden, weight, bias, mask)
+    return splade_max_reference(hidden, weight, bias, mask)
+
+
+def splade_max_packed(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    cu_seqlens: Tensor,
+    max_seqlen: int | None = None,
+    *,
+    backend: str = "auto",
+) -> Tensor:
+    """As :func:`splade_max` for B documents packed back to back: hidden [T, H], cu_seqlens int32 [B+1]
+    (cu_seqlens[0] = 0, cu_seqlens[-1] = T). A zero-length document gives a zero row. max_seqlen is a tuning
+    hint only. Returns float32 [B, V]."""
+    if _use_triton(hidden, backend):
+        _forbid_grad(hidden, weight, bias)
+        return torch.ops.sparton.splade_max_packed(hidden, weight, bias, cu_seqlens, max_seqlen)
+    return splade_max_packed_reference(hidden, weight, bias, cu_seqlens)
