@@ -40,22 +40,23 @@ def friendly_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def _device(name: str) -> str:
+def _devices(spec: str) -> tuple[str, ...]:
+    """'auto' → every visible GPU (one worker each), else the CPU; or an explicit comma-separated list."""
     import torch
 
+    if spec == "auto":
+        count = torch.cuda.device_count()
+        return tuple(f"cuda:{i}" for i in range(count)) if count else ("cpu",)
+    devices = tuple(d.strip() for d in spec.split(",") if d.strip())
+    if any(d.startswith("cuda") for d in devices) and not torch.cuda.is_available():
+        raise LsrIndexError(f"--device {spec} asks for CUDA but no CUDA GPU is visible")
+    return devices or ("cpu",)
+
+
+def _dtype(name: str, gpu: bool) -> str:
     if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise LsrIndexError("--device cuda was asked for but no CUDA GPU is visible")
+        return "bfloat16" if gpu else "float32"
     return name
-
-
-def _dtype(name: str, device: str):
-    import torch
-
-    if name == "auto":
-        return torch.bfloat16 if device.startswith("cuda") else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -100,7 +101,8 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
               help="Text field(s), joined by a space; repeat for several [default: title+text, or contents].")
 @click.option("--on-error", type=click.Choice(["fail", "skip"]), default="fail",
               help="On a bad record: stop with its location, or skip it and list it in skipped.jsonl.")
-@click.option("--device", default="auto", help="auto, cpu, cuda or cuda:N.")
+@click.option("--device", default="auto",
+              help="auto (every visible GPU, else CPU), cpu, cuda:N, or a list like cuda:0,cuda:1 (one worker each).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
               help="Model precision [default: bfloat16 on GPU, float32 on CPU].")
 @click.option("--backend", type=click.Choice(["auto", "triton", "torch"]), default="auto",
@@ -114,26 +116,26 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
 
     A rerun with the same inputs and settings continues after the last complete shard.
     """
-    from .corpus import CorpusReader, Fields
-    from .encode_corpus import EncodeOptions, encode_corpus
-    from .encoder import SpladeEncoder
-    from .models import load_model
+    from .corpus import Fields
+    from .encode_corpus import EncodeJob, EncodeOptions, encode_corpus
     from .quantize import Quantization
 
     chosen = load_preset(preset) if preset else {}
     value = lambda key: options[key] if options.get(key) is not None else chosen.get(key, DEFAULTS[key])
-    device = _device(options["device"])
+    devices = _devices(options["device"])
+    gpu = devices[0].startswith("cuda")
     out = output or ctx.obj["workdir"] / "vectors"
-    fields = Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None)
-    reader = CorpusReader(list(inputs), fields=fields, on_error=options["on_error"])
-    model = load_model(value("model"), device=device, dtype=_dtype(value("dtype"), device))
-    max_tokens = value("max_tokens") or (131072 if device.startswith("cuda") else 16384)
-    opts = EncodeOptions(
-        doc_max_length=value("doc_max_length"), query_max_length=value("query_max_length"),
-        max_tokens=max_tokens, shard_docs=value("shard_docs"), output_format=value("output_format"),
-        quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
-        backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"])
-    manifest = encode_corpus(reader, SpladeEncoder(model, max_tokens=max_tokens, backend=opts.backend), out, opts)
+    max_tokens = value("max_tokens") or (131072 if gpu else 16384)
+    job = EncodeJob(
+        inputs=tuple(inputs), model=value("model"), dtype=_dtype(value("dtype"), gpu),
+        fields=Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None),
+        on_error=options["on_error"],
+        options=EncodeOptions(
+            doc_max_length=value("doc_max_length"), query_max_length=value("query_max_length"),
+            max_tokens=max_tokens, shard_docs=value("shard_docs"), output_format=value("output_format"),
+            quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
+            backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"]))
+    manifest = encode_corpus(job, out, devices)
     stats = manifest.stats
     click.echo(f"encoded {manifest.docs:,} documents into {len(manifest.shards)} shard(s) in {out} "
                f"({stats['docs_per_second']:,.1f} docs/s, {stats['tokens_per_second']:,.0f} tokens/s, "
@@ -193,7 +195,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
     topics = read_queries(queries)
     judged = read_qrels(qrels) if qrels else None
     t0 = time.perf_counter()
-    run = searching.search(index, topics, hits=hits, threads=threads, model=model, device=_device(device))
+    run = searching.search(index, topics, hits=hits, threads=threads, model=model, device=_devices(device)[0])
     searching.write_run(run_path, run, run_format)
     click.echo(f"searched {len(topics):,} queries in {time.perf_counter() - t0:.1f} s → {run_path}")
     if judged is not None:

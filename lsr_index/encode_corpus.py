@@ -1,29 +1,30 @@
 """The encode stage: corpus reader → encoder → quantizer → shard writer, resumable shard by shard.
 
-Documents are numbered in stream order. Shard k holds documents [k·shard_docs, (k+1)·shard_docs), so a
-rerun that finds shards 0..k-1 in the manifest (with the same input, model and settings) skips that
-many documents and continues: the result is the same as an uninterrupted run.
+Documents are numbered in stream order; shard k holds documents [k·shard_docs, (k+1)·shard_docs). Work
+is the set of shards the manifest does not list yet, so a rerun after a crash encodes only what is
+missing, and W workers (one per GPU) split it as shards k ≡ w (mod W). Every worker reads the whole
+stream (reading runs at >100k docs/s, far above encoding) and encodes only its shards; the parent alone
+writes the manifest. Within a worker, reading+tokenizing, the model, and serializing run in three threads.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import queue
 import resource
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import numpy as np
 import orjson
-import pyarrow as pa
 
-from .corpus import CorpusReader
-from .encoder import SpladeEncoder
+from .corpus import CorpusReader, Fields
 from .errors import LsrIndexError
-from .manifest import Manifest, atomic_write_bytes, exclusive_lock
+from .manifest import Manifest, Shard, atomic_write_bytes, exclusive_lock
 from .quantize import Quantization, SparseVectors, quantize
 from .writers import ShardWriter, check_vocab
 
@@ -45,8 +46,35 @@ class EncodeOptions:
     progress: bool = True
 
 
+@dataclass(frozen=True)
+class EncodeJob:
+    """Everything a worker process needs to rebuild its reader and model (picklable)."""
+
+    inputs: tuple[str, ...]
+    model: str = "splade-tiny"
+    dtype: str = "float32"
+    fields: Fields = field(default_factory=Fields)
+    on_error: str = "fail"
+    options: EncodeOptions = field(default_factory=EncodeOptions)
+
+    @property
+    def window(self) -> int:
+        """Documents tokenized together and bucketed by length: large enough to fill a forward pass."""
+        return min(max(self.options.max_tokens // 16, 256), 16384)
+
+    def reader(self) -> CorpusReader:
+        return CorpusReader(list(self.inputs), fields=self.fields, on_error=self.on_error, batch_size=self.window)
+
+
+@dataclass
+class WorkerResult:
+    total_docs: int  # documents in the whole stream
+    tokens: int
+    skipped: list = field(default_factory=list)
+
+
 def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
-    """Run an iterator in a background thread so reading/tokenizing overlaps the model."""
+    """Run an iterator in a background thread, so that it overlaps the consumer."""
     q: queue.Queue = queue.Queue(maxsize=depth)
     done = object()
 
@@ -54,7 +82,7 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
         try:
             for item in items:
                 q.put(item)
-        except BaseException as exc:  # re-raised in the consumer, with its own traceback
+        except BaseException as exc:  # re-raised in the consumer
             q.put(exc)
         q.put(done)
 
@@ -65,10 +93,127 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
         yield item
 
 
-def _describe_input(reader: CorpusReader) -> dict:
+class _ShardSink:
+    """Serializes and writes on its own thread; shards are published in the order they fill."""
+
+    def __init__(self, out: Path, job: EncodeJob, vocab: np.ndarray, emit: Callable[[Shard], None]):
+        self.out, self.job, self.vocab, self.emit = out, job, vocab, emit
+        self.queue: queue.Queue = queue.Queue(maxsize=4)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, daemon=True)
+        self.thread.start()
+
+    def put(self, index: int, ids: list[str], vectors: SparseVectors, last: bool) -> None:
+        if self.error:
+            raise self.error
+        self.queue.put((index, ids, vectors, last))
+
+    def close(self) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.error:
+            raise self.error
+
+    def _work(self) -> None:
+        writers: dict[int, ShardWriter] = {}
+        options = self.job.options
+        try:
+            while (item := self.queue.get()) is not None:
+                index, ids, vectors, last = item
+                if index not in writers:
+                    path = self.out / SHARDS / f"part-{index:05d}.{options.output_format}"
+                    writers[index] = ShardWriter(path, options.output_format, self.vocab)
+                writers[index].add(ids, vectors)
+                if last:
+                    self.emit(writers.pop(index).finish(index * options.shard_docs, self.out))
+        except BaseException as exc:
+            self.error = exc
+            while self.queue.get() is not None:  # drain so the producer never blocks
+                pass
+        finally:
+            for writer in writers.values():  # incomplete: never published
+                writer.abort()
+
+
+def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers: int, done: frozenset[int],
+                   emit: Callable[[Shard], None], progress: Callable[[int, int], None]) -> WorkerResult:
+    """Encode the pending shards k ≡ worker (mod workers); `emit` receives each finished shard."""
+    import torch
+
+    from .encoder import SpladeEncoder
+    from .models import load_model
+
+    options = job.options
+    model = load_model(job.model, device=device, dtype=getattr(torch, job.dtype))
+    check_vocab(model.vocab)
+    encoder = SpladeEncoder(model, max_tokens=options.max_tokens, backend=options.backend)
+    reader = job.reader()
+    mine = lambda shard: shard % workers == worker and shard not in done
+
+    def tokenized() -> Iterator[tuple[int, list[str], list[list[int]]]]:
+        position = 0
+        for batch in reader:
+            start, position = position, position + batch.num_rows
+            first, last = start // options.shard_docs, (position - 1) // options.shard_docs
+            keep = [s for s in range(first, last + 1) if mine(s)]
+            if not keep:
+                continue
+            lo = max(start, keep[0] * options.shard_docs) - start
+            hi = min(position, (keep[-1] + 1) * options.shard_docs) - start
+            rows = batch.slice(lo, hi - lo)
+            texts = rows.column("text").to_pylist()
+            yield start + lo, rows.column("id").to_pylist(), encoder.tokenize(texts, options.doc_max_length)
+
+    sink = _ShardSink(out, job, np.array(model.vocab, dtype=object), emit)
+    try:
+        for start, ids, token_ids in prefetch(tokenized()):
+            parts = []
+            for pos, weights in encoder.encode_ids(token_ids):
+                parts.append((pos, quantize(weights, options.quantization)))
+                progress(len(pos), int(sum(len(token_ids[p]) for p in pos)))
+            vectors = SparseVectors.stack(parts, len(ids))
+            offset = 0
+            while offset < len(ids):  # split at shard boundaries; skip shards that are not ours
+                shard = (start + offset) // options.shard_docs
+                end = min(len(ids), (shard + 1) * options.shard_docs - start)
+                if mine(shard):
+                    lo, hi = vectors.indptr[offset], vectors.indptr[end]
+                    piece = SparseVectors(vectors.indptr[offset:end + 1] - lo, vectors.terms[lo:hi],
+                                          vectors.weights[lo:hi])
+                    sink.put(shard, ids[offset:end], piece, last=(start + end) % options.shard_docs == 0)
+                offset = end
+    except BaseException:
+        sink.queue.put(None)
+        sink.thread.join()
+        raise
+    # the stream's last shard is short: publish it now that the stream has ended
+    total = reader.n_docs
+    final = (total - 1) // options.shard_docs if total else -1
+    if total % options.shard_docs and mine(final):
+        sink.put(final, [], SparseVectors(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)),
+                 last=True)
+    sink.close()
+    return WorkerResult(total_docs=total, tokens=encoder.n_tokens, skipped=[asdict(s) for s in reader.skipped])
+
+
+def _worker_main(job, out, device, worker, workers, done, messages) -> None:
+    """Process entry point: everything goes back to the parent as messages."""
+    try:
+        result = _encode_shards(job, out, device, worker, workers, done,
+                                emit=lambda shard: messages.put(("shard", shard)),
+                                progress=lambda docs, tokens: messages.put(("progress", (docs, tokens))))
+        messages.put(("done", result))
+    except LsrIndexError as exc:
+        messages.put(("error", str(exc)))
+    except BaseException as exc:
+        messages.put(("error", f"worker on {device} failed: {type(exc).__name__}: {exc}"))
+
+
+def _describe_input(job: EncodeJob) -> dict:
+    reader = job.reader()
     return {"files": [{"name": str(p), "bytes": p.stat().st_size} for p in reader.files],
             "fields": {"id": reader.fields.id, "text": list(reader.fields.text or []) or None},
-            "on_error": reader.on_error}
+            "on_error": job.on_error}
 
 
 def _open_output(out: Path, fresh: Manifest, overwrite: bool) -> Manifest:
@@ -92,27 +237,20 @@ def _open_output(out: Path, fresh: Manifest, overwrite: bool) -> Manifest:
     return old
 
 
-def _slices(batches: Iterable[pa.RecordBatch], skip: int) -> Iterator[pa.RecordBatch]:
-    """Drop the first `skip` documents of the stream (already encoded by an earlier run)."""
-    for batch in batches:
-        if skip >= batch.num_rows:
-            skip -= batch.num_rows
-            continue
-        yield batch.slice(skip)
-        skip = 0
+def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)) -> Manifest:
+    """Encode `job` into `out`, resuming whatever an earlier run left; one worker per device."""
+    from tqdm import tqdm
 
+    from .models import EMBEDDED, resolve_model, weights_sha256
 
-def encode_corpus(reader: CorpusReader, encoder: SpladeEncoder, out: Path, options: EncodeOptions,
-                  on_progress: Callable[[int, int], None] | None = None) -> Manifest:
-    model = encoder.model
-    check_vocab(model.vocab)
-    vocab = np.array(model.vocab, dtype=object)
+    options = job.options
+    model_path = resolve_model(job.model)
     fresh = Manifest(
-        model={"name": model.name, "sha256": model.sha256, "vocab_size": model.vocab_size},
+        model={"name": job.model if job.model in EMBEDDED else str(model_path.resolve()),
+               "sha256": weights_sha256(model_path)},
         encoder={"doc_max_length": options.doc_max_length, "query_max_length": options.query_max_length,
-                 "dtype": str(model.weight.dtype).removeprefix("torch."), "backend": options.backend},
-        quantization=options.quantization.to_dict(), input=_describe_input(reader),
-        output_format=options.output_format)
+                 "dtype": job.dtype, "backend": options.backend},
+        quantization=options.quantization.to_dict(), input=_describe_input(job), output_format=options.output_format)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out):
         manifest = _open_output(out, fresh, options.overwrite)
@@ -121,73 +259,90 @@ def encode_corpus(reader: CorpusReader, encoder: SpladeEncoder, out: Path, optio
             stale.unlink()
         manifest.complete = False
         manifest.save(out)
-        return _run(reader, encoder, out, options, manifest, vocab, on_progress)
+        done = frozenset(s.start // options.shard_docs for s in manifest.shards)
+        resumed_at = manifest.docs
+        t0 = time.perf_counter()
+        bar = tqdm(desc="encode", unit=" doc", initial=resumed_at, dynamic_ncols=True,
+                   disable=None if options.progress else True)
+        tokens = 0
+
+        def on_shard(shard: Shard) -> None:
+            manifest.shards.append(shard)
+            manifest.shards.sort(key=lambda s: s.start)
+            manifest.save(out)
+
+        def on_progress(docs: int, new_tokens: int) -> None:
+            nonlocal tokens
+            tokens += new_tokens
+            bar.update(docs)
+            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s", refresh=False)
+
+        try:
+            if len(devices) == 1:
+                results = [_encode_shards(job, out, devices[0], 0, 1, done, on_shard, on_progress)]
+            else:
+                results = _run_workers(job, out, devices, done, on_shard, on_progress)
+        finally:
+            bar.close()
+        return _finish(out, manifest, results, resumed_at, time.perf_counter() - t0)
 
 
-def _run(reader: CorpusReader, encoder: SpladeEncoder, out: Path, options: EncodeOptions,
-         manifest: Manifest, vocab: np.ndarray, on_progress: Callable[[int, int], None] | None) -> Manifest:
-    from tqdm import tqdm
-
-    start_doc = manifest.docs
-    position = start_doc
-    writer: ShardWriter | None = None
-    t0 = time.perf_counter()
-    tokens0 = encoder.n_tokens
-    bar = tqdm(desc="encode", unit=" doc", initial=start_doc, dynamic_ncols=True,
-               disable=None if options.progress else True)
-
-    def tokenized() -> Iterator[tuple[list[str], list[list[int]]]]:
-        for batch in _slices(reader, start_doc):
-            texts = batch.column("text").to_pylist()
-            yield batch.column("id").to_pylist(), encoder.tokenize(texts, options.doc_max_length)
-
+def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], done: frozenset[int],
+                 on_shard: Callable[[Shard], None], on_progress: Callable[[int, int], None]) -> list[WorkerResult]:
+    context = mp.get_context("spawn")  # CUDA cannot be forked
+    messages = context.Queue()
+    procs = [context.Process(target=_worker_main, args=(job, out, d, w, len(devices), done, messages), daemon=True)
+             for w, d in enumerate(devices)]
+    for p in procs:
+        p.start()
+    results: list[WorkerResult] = []
     try:
-        for ids, token_ids in prefetch(tokenized()):
-            parts = []
-            for pos, weights in encoder.encode_ids(token_ids):
-                parts.append((pos, quantize(weights, options.quantization)))
-                bar.update(len(pos))
-                elapsed = max(time.perf_counter() - t0, 1e-9)
-                bar.set_postfix_str(f"{(encoder.n_tokens - tokens0) / elapsed:,.0f} tok/s", refresh=False)
-            vectors = SparseVectors.stack(parts, len(ids))
-            done = 0
-            while done < len(ids):
-                if writer is None:
-                    index = position // options.shard_docs
-                    writer = ShardWriter(out / SHARDS / f"part-{index:05d}.{options.output_format}",
-                                         options.output_format, vocab)
-                take = min(len(ids) - done, options.shard_docs - writer.docs)
-                rows = slice(done, done + take)
-                lo, hi = vectors.indptr[done], vectors.indptr[done + take]
-                writer.add(ids[rows], SparseVectors(vectors.indptr[done:done + take + 1] - lo,
-                                                    vectors.terms[lo:hi], vectors.weights[lo:hi]))
-                done += take
-                position += take
-                if writer.docs == options.shard_docs:
-                    manifest.shards.append(writer.finish(position - writer.docs, out))
-                    manifest.save(out)
-                    writer = None
-            if on_progress:
-                on_progress(position, manifest.docs)
-        if writer is not None and writer.docs:
-            manifest.shards.append(writer.finish(position - writer.docs, out))
-            writer = None
+        while len(results) < len(procs):
+            try:
+                kind, body = messages.get(timeout=1.0)
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs):
+                    raise LsrIndexError("an encoding worker died; rerun to resume") from None
+                continue
+            if kind == "shard":
+                on_shard(body)
+            elif kind == "progress":
+                on_progress(*body)
+            elif kind == "done":
+                results.append(body)
+            else:
+                raise LsrIndexError(body)
     finally:
-        bar.close()
-        if writer is not None:
-            writer.abort()
-    if manifest.docs == 0:
+        for p in procs:
+            if p.is_alive() and len(results) < len(procs):
+                p.terminate()
+            p.join()
+    return results
+
+
+def _finish(out: Path, manifest: Manifest, results: list[WorkerResult], resumed_at: int,
+            seconds: float) -> Manifest:
+    total = results[0].total_docs
+    if total == 0:
         raise LsrIndexError("the corpus yielded no documents to encode")
-    atomic_write_bytes(out / SKIPPED_REPORT, b"".join(
-        orjson.dumps({"file": s.path, "line": s.where, "id": s.doc_id, "reason": s.reason}) + b"\n"
-        for s in reader.skipped))
-    elapsed = time.perf_counter() - t0
-    new_docs = manifest.docs - start_doc
-    manifest.skipped = len(reader.skipped)
+    expected, shard_docs = 0, None
+    for shard in manifest.shards:  # the shards must tile [0, total) exactly
+        if shard.start != expected:
+            raise LsrIndexError(f"{out}: shards do not cover documents {expected}..{shard.start - 1}; "
+                                "rerun to resume, or --overwrite")
+        expected += shard.docs
+        shard_docs = shard_docs or shard.docs
+    if expected != total:
+        raise LsrIndexError(f"{out}: shards hold {expected} documents but the input has {total}; the input changed "
+                            "since the first run? Use --overwrite")
+    atomic_write_bytes(out / SKIPPED_REPORT, b"".join(orjson.dumps(s) + b"\n" for s in results[0].skipped))
+    tokens = sum(r.tokens for r in results)
+    new_docs = total - resumed_at
+    manifest.skipped = len(results[0].skipped)
     manifest.stats = {
-        "seconds": round(elapsed, 3), "docs_this_run": new_docs, "resumed_at": start_doc,
-        "docs_per_second": round(new_docs / max(elapsed, 1e-9), 1),
-        "tokens_per_second": round((encoder.n_tokens - tokens0) / max(elapsed, 1e-9), 1),
+        "seconds": round(seconds, 3), "docs_this_run": new_docs, "resumed_at": resumed_at,
+        "workers": len(results), "docs_per_second": round(new_docs / max(seconds, 1e-9), 1),
+        "tokens_per_second": round(tokens / max(seconds, 1e-9), 1),
         "nonzeros_per_doc": round(manifest.nonzeros / manifest.docs, 2),
         "peak_host_memory_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
     }

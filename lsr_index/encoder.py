@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import numpy as np
-import sparton
 import torch
+
+import sparton
 
 from .models import SpladeModel
 
@@ -46,21 +47,25 @@ class SpladeEncoder:
         """Yield (positions in `ids`, float32 weights [len(positions), V] on the model's device)."""
         lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
         pad = self.model.tokenizer.pad_token_id or 0
+        cuda = self.device.type == "cuda"
         for positions in length_buckets(lengths, self.max_tokens):
             seq_lens = lengths[positions]
             longest = int(seq_lens[0])
+            mask = np.arange(longest) < seq_lens[:, None]
             input_ids = np.full((len(positions), longest), pad, np.int64)
-            for row, p in enumerate(positions):
-                input_ids[row, : seq_lens[row]] = ids[p]
-            input_ids = torch.from_numpy(input_ids).to(self.device, non_blocking=True)
-            mask = torch.arange(longest) < torch.from_numpy(seq_lens)[:, None]
-            mask = mask.to(self.device, non_blocking=True)
+            input_ids[mask] = np.concatenate([ids[p] for p in positions])
+            # the packed rows of the real tokens, computed on the host: no device sync to find them
+            packed = np.flatnonzero(mask.ravel())
+            cu_seqlens = np.zeros(len(positions) + 1, np.int32)
+            np.cumsum(seq_lens, out=cu_seqlens[1:])
+            host = [torch.from_numpy(a) for a in (input_ids, mask, packed, cu_seqlens)]
+            if cuda:
+                host = [t.pin_memory() for t in host]
+            input_ids, mask, packed, cu_seqlens = (t.to(self.device, non_blocking=True) for t in host)
             hidden = self.model.body(input_ids=input_ids, attention_mask=mask.long()).logits
-            cu_seqlens = torch.zeros(len(positions) + 1, dtype=torch.int32)
-            cu_seqlens[1:] = torch.from_numpy(np.cumsum(seq_lens))
-            weights = sparton.splade_max_packed(hidden[mask], self.model.weight, self.model.bias,
-                                                cu_seqlens.to(self.device), max_seqlen=longest,
-                                                backend=self.backend)
+            tokens = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed)
+            weights = sparton.splade_max_packed(tokens, self.model.weight, self.model.bias, cu_seqlens,
+                                                max_seqlen=longest, backend=self.backend)
             self.n_tokens += int(seq_lens.sum())
             yield positions, weights
 
