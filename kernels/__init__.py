@@ -32,7 +32,9 @@ def _use_triton(hidden: Tensor, backend: str) -> bool:
     if splade_head is None:
         raise RuntimeError("sparton: backend='triton' needs the triton package")
     if not (hidden.is_cuda or (hidden.device.type == "cpu" and splade_head.interpreting())):
-        raise ValueError("sparton: backend='triton' needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1")
+        raise ValueError(
+            "sparton: backend='triton' needs CUDA tensors, or CPU tensors with TRITON_INTERPRET=1"
+        )
     return True
 
 
@@ -44,8 +46,10 @@ def _forbid_grad(*tensors: Tensor | None) -> None:
         )
 
 
-def splade_max(hidden: Tensor, weight: Tensor, bias: Tensor | None, mask: Tensor, *, backend: str = "auto") -> Tensor:
-    """w[b, v] = log1p(relu(max over kept s of hidden[b, s]·weight[v] + bias[v])); 0 where row b keeps nothing.
+def splade_max(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, mask: Tensor, *, backend: str = "auto"
+) -> Tensor:
+    """w[b, v] = log1p(relu(max over kept s of hidden[b, s]·weight[v] + bias[v])); 0 for an all-padding row.
 
     hidden [B, L, H] (bf16 / fp16 / fp32), weight [V, H] of the same dtype, bias [V] or None,
     mask [B, L] (bool or int, nonzero = keep). Returns float32 [B, V].

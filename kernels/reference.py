@@ -42,7 +42,9 @@ def splade_max_reference(hidden: Tensor, weight: Tensor, bias: Tensor | None, ma
     return _segment_max(hidden[keep], doc_ids[keep], batch, weight, bias)
 
 
-def splade_max_packed_reference(hidden: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor) -> Tensor:
+def splade_max_packed_reference(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor
+) -> Tensor:
     """Packed SPLADE max pooling. hidden [T, H], cu_seqlens [B+1] document offsets; returns float32 [B, V]."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
     doc_ids = torch.repeat_interleave(torch.arange(lengths.numel(), device=hidden.device), lengths)

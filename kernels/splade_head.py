@@ -1,16 +1,16 @@
 """Sparton: the SPLADE head w[b, v] = log1p(relu(max_s H[b, s]·W[v] + bias[v])) as one fused Triton kernel.
 
 Why: the usual head materialises the logits [B, L, V] (4 GB in fp32 at B=128, L=256, V=30,522) only to reduce
-them over L. Here a program computes a [BLOCK_V, BLOCK_L] logits tile in registers, folds it into a running max
-over its document's tokens and writes one [BLOCK_V] slice of the output.
+them over L. Here a program computes a [BLOCK_V, BLOCK_L] logits tile in registers, folds it into a running
+max over its document's tokens and writes one [BLOCK_V] slice of the output.
 Memory: output [B, V] fp32 = 4·B·V bytes plus 8·B bytes of document bounds; no [B, L, V] intermediate.
 bias is constant over s and log1p∘relu is monotone, so the max runs on raw logits and bias, relu and log1p are
 applied once per output element.
 
-Padded and packed inputs share one kernel body: a document is a row range [start, end) of a [T, H] token matrix.
-Packed: the ranges come from cu_seqlens. Padded: hidden is viewed as [B·L, H] and document b spans
-[b·L, b·L + extent_b), extent_b being one past its last kept position, so trailing padding costs no FLOPs; inside
-the range the kernel loads the mask, so a mask with holes (not a prefix) is also exact.
+Padded and packed inputs share one kernel body: a document is a row range [start, end) of a [T, H] token
+matrix. Packed: the ranges come from cu_seqlens. Padded: hidden is viewed as [B·L, H] and document b spans
+[b·L, b·L + extent_b), extent_b being one past its last kept position, so trailing padding costs no FLOPs;
+inside the range the kernel loads the mask, so a mask with holes (not a prefix) is also exact.
 """
 
 import os
@@ -92,7 +92,7 @@ def _splade_max_kernel(
     if bias_ptr is not None:
         peak += tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
     x = tl.maximum(peak, 0.0)  # relu; a document with no kept token has peak = -inf and gets 0
-    # log1p without libdevice (so the interpreter runs it too): log(u)·x/(u-1), u = 1+x, is exact to a few ulp.
+    # log1p without libdevice (the interpreter runs it too): log(u)·x/(u-1), u = 1+x, is exact to a few ulp.
     u = 1.0 + x
     d = u - 1.0
     w_out = tl.where(d == 0.0, x, tl.log(u) * (x / tl.where(d == 0.0, 1.0, d)))
@@ -104,7 +104,7 @@ def _config(bv: int, bl: int, bk: int, warps: int, stages: int, group: int = 8) 
     return triton.Config(meta, num_warps=warps, num_stages=stages)
 
 
-# 16-bit inputs: tiles sized for Hopper's wgmma (M = BLOCK_V ≥ 64 per warpgroup) and ≤ 200 KB of shared memory.
+# 16-bit inputs: tiles sized for Hopper's wgmma (M = BLOCK_V ≥ 64 per warpgroup), ≤ 200 KB of shared memory.
 _CONFIGS_16 = [
     _config(128, 128, 64, 8, 4),
     _config(256, 128, 64, 8, 3),
@@ -123,7 +123,9 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     family = _CONFIGS_32 if wide else _CONFIGS_16
     h = named_args["H"]
     longest = max(64, named_args["LEN_KEY"])
-    kept = [c for c in configs if c in family and h % c.kwargs["BLOCK_K"] == 0 and c.kwargs["BLOCK_L"] <= longest]
+    kept = [
+        c for c in configs if c in family and h % c.kwargs["BLOCK_K"] == 0 and c.kwargs["BLOCK_L"] <= longest
+    ]
     if not kept:
         raise ValueError(f"sparton: no tuned config fits hidden size {h}: use a multiple of 64 (32 for fp32)")
     return kept
@@ -170,13 +172,19 @@ def _launch(
     n_docs = starts.numel()
     n_vocab, hidden = weight.shape
     if tokens.dtype != weight.dtype or tokens.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(f"sparton: hidden and weight must share a float dtype, got {tokens.dtype}, {weight.dtype}")
+        raise TypeError(
+            f"sparton: hidden and weight must share a float dtype, got {tokens.dtype}, {weight.dtype}"
+        )
     if tokens.shape[-1] != hidden or (bias is not None and bias.shape != (n_vocab,)):
-        raise ValueError(f"sparton: shapes disagree: hidden {tuple(tokens.shape)}, weight {tuple(weight.shape)}")
+        raise ValueError(
+            f"sparton: shapes disagree: hidden {tuple(tokens.shape)}, weight {tuple(weight.shape)}"
+        )
     if hidden % 16:
         raise ValueError(f"sparton: hidden size {hidden} must be a multiple of 16")
     if tokens.device.type == "cpu" and tokens.dtype == torch.bfloat16:
-        raise NotImplementedError("sparton: Triton's interpreter multiplies bf16 as raw integers; use fp16/fp32")
+        raise NotImplementedError(
+            "sparton: Triton's interpreter multiplies bf16 as raw integers; use fp16/fp32"
+        )
     tokens = tokens if tokens.stride(-1) == 1 else tokens.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     if out is None:
@@ -260,5 +268,7 @@ def splade_max_packed_op(
 
 
 @splade_max_packed_op.register_fake
-def _(hidden: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor, max_seqlen: int | None = None) -> Tensor:
+def _(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor, max_seqlen: int | None = None
+) -> Tensor:
     return hidden.new_empty((cu_seqlens.shape[0] - 1, weight.shape[0]), dtype=torch.float32)

@@ -1,4 +1,4 @@
-"""CPU tests for sparton: the real Triton kernel under Triton's interpreter, the PyTorch reference, the dispatcher.
+"""CPU tests for sparton: the Triton kernel under Triton's interpreter, the PyTorch reference, the dispatcher.
 
 Triton picks the interpreter when a kernel is decorated, so TRITON_INTERPRET=1 has to be set before triton's
 first import in this process. If another test module imported triton first, the interpreter tests run in a
@@ -33,7 +33,7 @@ def _seed() -> int:
 
 
 def _inputs(seed: int, batch: int, seq: int, hidden: int, vocab: int, dtype: torch.dtype, bias: bool = True):
-    """Hidden states like a LayerNorm output, logits of unit scale, bias shifted so that relu zeroes a share."""
+    """Hidden states like a LayerNorm output, logits of unit scale, bias shifted so relu zeroes a share."""
     g = torch.Generator().manual_seed(seed)
     h = torch.randn(batch, seq, hidden, generator=g).to(dtype)
     w = (torch.randn(vocab, hidden, generator=g) / hidden**0.5).to(dtype)
@@ -158,10 +158,14 @@ def test_custom_op_registration():
     utils = ("test_schema", "test_faketensor")
     torch.library.opcheck(torch.ops.sparton.splade_max.default, (h, w, b, mask), test_utils=utils)
     tokens, cu = _pack(h, [5, 2])
-    torch.library.opcheck(torch.ops.sparton.splade_max_packed.default, (tokens, w, None, cu, 5), test_utils=utils)
+    torch.library.opcheck(
+        torch.ops.sparton.splade_max_packed.default, (tokens, w, None, cu, 5), test_utils=utils
+    )
 
 
-@pytest.mark.skipif(not _TRITON_WAS_IMPORTED, reason="triton imported here after TRITON_INTERPRET=1: ran in-process")
+@pytest.mark.skipif(
+    not _TRITON_WAS_IMPORTED, reason="triton imported here after TRITON_INTERPRET=1: ran in-process"
+)
 def test_interpreter_suite_in_subprocess():
     env = dict(os.environ, TRITON_INTERPRET="1")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__]
