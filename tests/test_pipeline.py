@@ -131,8 +131,8 @@ def test_two_workers_write_what_one_writes(built, tmp_path):
 
 
 def _encode_cmd(out: Path) -> list[str]:
-    return [*LSR, "--quiet", "encode", str(SAMPLE / "corpus.jsonl"), "-o", str(out), "--shard-docs", "40",
-            "--doc-max-length", "64", "--format", "jsonl"]
+    return [*LSR, "--quiet", "encode", str(SAMPLE / "corpus.jsonl"), "-o", str(out), "--shard-docs", "20",
+            "--doc-max-length", "128", "--format", "jsonl"]
 
 
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
@@ -140,7 +140,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
     subprocess.run(_encode_cmd(tmp_path / "whole"), check=True, capture_output=True)
     out = tmp_path / "killed"
     kills = 0
-    for wait_for_shards in (1, 3, 6):
+    for wait_for_shards in (2, 7, 13):  # of 20
         proc = subprocess.Popen(_encode_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
@@ -149,7 +149,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
                     break
             except (FileNotFoundError, json.JSONDecodeError, KeyError):
                 pass
-            time.sleep(0.05)
+            time.sleep(0.02)
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             kills += 1
