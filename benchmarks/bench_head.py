@@ -338,6 +338,15 @@ def summary(rows: list[dict], fits: dict) -> None:
         )
 
 
+# Candidates timed by --sweep besides the autotuning list: deeper pipelines, wider L2 groups.
+SWEEP_EXTRA = [
+    sparton.splade_head._config(256, 128, 64, 8, 4),
+    sparton.splade_head._config(128, 256, 64, 8, 4),
+    sparton.splade_head._config(256, 128, 64, 8, 3, group=16),
+    sparton.splade_head._config(128, 256, 64, 8, 3, group=4),
+]
+
+
 def sweep() -> None:
     """Every config of the autotuning list at a few shapes, plus the SASS of each compiled variant."""
     head = sparton.splade_head
@@ -355,7 +364,7 @@ def sweep() -> None:
         tokens, cu, _ = packed_inputs(batch * SEQ, torch.bfloat16)
         n_tok = batch * SEQ if kind == "padded" else tokens.shape[0]
         ref = None
-        for cfg in head._CONFIGS_16:
+        for cfg in head._CONFIGS_16 + SWEEP_EXTRA:
             config = {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
             if kind == "padded":
                 fn = partial(head.splade_max_triton, hidden, weight, bias, mask, config=config)

@@ -1,16 +1,19 @@
 """Sparton: the SPLADE head w[b, v] = log1p(relu(max_s H[b, s]·W[v] + bias[v])) as one fused Triton kernel.
 
 Why: the usual head materialises the logits [B, L, V] (4 GB in fp32 at B=128, L=256, V=30,522) only to reduce
-them over L. Here a program computes a [BLOCK_V, BLOCK_L] logits tile in registers, folds it into a running
-max over its document's tokens and writes one [BLOCK_V] slice of the output.
-Memory: output [B, V] fp32 = 4·B·V bytes plus 8·B bytes of document bounds; no [B, L, V] intermediate.
+them over L. Here each program computes one [BLOCK_V, BLOCK_L] logits tile in registers (a GEMM tile:
+M = vocab, N = tokens, K = hidden), max-reduces it over its tokens per document and writes [BLOCK_V] slices of
+the output.
+Memory: output [B, V] fp32 = 4·B·V bytes plus 4 bytes per token of document ids; no [B, L, V] intermediate.
 bias is constant over s and log1p∘relu is monotone, so the max runs on raw logits and bias, relu and log1p are
-applied once per output element.
+applied once per (document, tile); the same monotonicity lets documents cut by a tile edge be combined with an
+atomic max of the finished values into the zero-filled output (0 = log1p(relu(-inf)), the value of a document
+without a kept token).
 
-Padded and packed inputs share one kernel body: a document is a row range [start, end) of a [T, H] token
-matrix. Packed: the ranges come from cu_seqlens. Padded: hidden is viewed as [B·L, H] and document b spans
-[b·L, b·L + extent_b), extent_b being one past its last kept position, so trailing padding costs no FLOPs;
-inside the range the kernel loads the mask, so a mask with holes (not a prefix) is also exact.
+Padded and packed inputs share the kernel body: the token rows form one stream [T, H] with a non-decreasing
+document id per row, cut into BLOCK_L-row chunks regardless of document boundaries, so short packed documents
+waste no MMA columns. Packed: the stream is hidden itself. Padded: hidden viewed as [B·L, H], with the mask
+loaded per row (any mask, prefix or not); chunks holding padding only return before their matmul.
 """
 
 import os
@@ -24,108 +27,107 @@ from torch import Tensor
 @triton.jit
 def _splade_max_kernel(
     # pointers
-    tokens_ptr,  # [T, H] hidden states (fp16 / bf16 / fp32), unit stride along H
+    tokens_ptr,  # [T, H] token rows of all documents back to back (fp16 / bf16 / fp32), unit stride along H
     weight_ptr,  # [V, H] decoder weight, same dtype, unit stride along H
     bias_ptr,  # [V] decoder bias, or None
-    keep_ptr,  # [T] keep flags (padded input), or None: every row of a document counts (packed input)
-    starts_ptr,  # [B] int32: first row of each document in tokens
-    ends_ptr,  # [B] int32: one past its last row
-    out_ptr,  # [B, V] fp32
+    keep_ptr,  # [T] keep flags (the padded input's mask), or None: every row counts (packed input)
+    doc_ptr,  # [T] int32 document of each row, non-decreasing
+    out_ptr,  # [B, V] fp32, zero-filled by the launcher
     # strides, in elements
     stride_tok,
     stride_w,
     stride_out,
     # sizes
-    n_docs,
+    T,
     V,
     H: tl.constexpr,
-    # autotuning keys only: document length and batch size, rounded up to powers of two
+    # autotuning keys only: typical document length and number of rows, rounded up to powers of two
     LEN_KEY,
-    BATCH_KEY,
+    ROWS_KEY,
     # meta-parameters
     BLOCK_V: tl.constexpr,  # vocabulary rows per program, the MMA's M
-    BLOCK_L: tl.constexpr,  # tokens per step, the MMA's N: the max over them is an in-thread + quad reduction
+    BLOCK_L: tl.constexpr,  # token rows per program, the MMA's N: a max over N is in-thread + quad shuffles
     BLOCK_K: tl.constexpr,  # hidden slice per step; divides H
-    GROUP_B: tl.constexpr,  # documents that take turns on one W tile while it is hot in L2
+    GROUP_L: tl.constexpr,  # token chunks that take turns on one W tile while it is hot in L2
     DOT_PRECISION: tl.constexpr,  # fp32 inputs: "tf32x3" keeps fp32 accuracy on the tensor cores
 ):
-    # Grouped order: GROUP_B consecutive programs run GROUP_B documents against one W tile, the next GROUP_B
-    # the next tile, so a wave of programs touches few documents and few W tiles and both stay in L2.
+    # Grouped order: GROUP_L consecutive programs run GROUP_L token chunks against one W tile, the next
+    # GROUP_L the next tile, so a wave of programs touches few chunks and few W tiles and both stay in L2.
     pid = tl.program_id(0)
-    per_group = GROUP_B * tl.cdiv(V, BLOCK_V)
-    first_doc = (pid // per_group) * GROUP_B
-    group_size = tl.minimum(n_docs - first_doc, GROUP_B)
-    doc = first_doc + (pid % per_group) % group_size
+    per_group = GROUP_L * tl.cdiv(V, BLOCK_V)
+    first_chunk = (pid // per_group) * GROUP_L
+    group_size = tl.minimum(tl.cdiv(T, BLOCK_L) - first_chunk, GROUP_L)
+    row0 = (first_chunk + (pid % per_group) % group_size) * BLOCK_L
     vt = (pid % per_group) // group_size
 
-    start = tl.load(starts_ptr + doc).to(tl.int64)
-    n_tok = tl.load(ends_ptr + doc) - start
+    rows = row0 + tl.arange(0, BLOCK_L)
+    in_stream = rows < T
+    live = in_stream
+    if keep_ptr is not None:
+        live = live & (tl.load(keep_ptr + rows, mask=in_stream, other=0) != 0)
+        if tl.max(live.to(tl.int32), axis=0) == 0:  # padding only: nothing to write, the output stays 0
+            return
 
     offs_v = vt * BLOCK_V + tl.arange(0, BLOCK_V)
-    offs_l = tl.arange(0, BLOCK_L)
     offs_k = tl.arange(0, BLOCK_K)
     # Rows past V wrap onto valid ones, so W loads need no mask; their results are never stored.
     w_ptrs = weight_ptr + (offs_v % V)[:, None] * stride_w + offs_k[None, :]
-    tok_ptrs = tokens_ptr + (start + offs_l)[:, None] * stride_tok + offs_k[None, :]
-
-    K_TILES: tl.constexpr = H // BLOCK_K
-    tl.static_assert(K_TILES * BLOCK_K == H)
+    h_ptrs = tokens_ptr + rows.to(tl.int64)[:, None] * stride_tok + offs_k[None, :]
+    tl.static_assert(H % BLOCK_K == 0)
     acc = tl.zeros((BLOCK_V, BLOCK_L), dtype=tl.float32)
-    peak = tl.full((BLOCK_V,), float("-inf"), dtype=tl.float32)
-    # One flat loop over (token block, hidden slice): the software pipeline keeps prefetching across token
-    # blocks instead of draining at the end of each block's K loop.
-    for it in range(tl.cdiv(n_tok, BLOCK_L) * K_TILES):
-        ki = it % K_TILES
-        l0 = (it // K_TILES) * BLOCK_L
-        in_doc = l0 + offs_l < n_tok
-        h = tl.load(tok_ptrs + l0 * stride_tok + ki * BLOCK_K, mask=in_doc[:, None], other=0.0)
-        w = tl.load(w_ptrs + ki * BLOCK_K)
-        acc = tl.dot(w, tl.trans(h), acc, input_precision=DOT_PRECISION)
-        if ki == K_TILES - 1:
-            if keep_ptr is not None:
-                in_doc = in_doc & (tl.load(keep_ptr + start + l0 + offs_l, mask=in_doc, other=0) != 0)
-            # Dropped tokens become -inf before the max, so they can never win it.
-            peak = tl.maximum(peak, tl.max(tl.where(in_doc[None, :], acc, float("-inf")), axis=1))
-            acc = tl.zeros((BLOCK_V, BLOCK_L), dtype=tl.float32)
+    for k in range(0, H, BLOCK_K):
+        h = tl.load(h_ptrs + k, mask=in_stream[:, None], other=0.0)
+        acc = tl.dot(tl.load(w_ptrs + k), tl.trans(h), acc, input_precision=DOT_PRECISION)
 
+    # Per-document max over the chunk's columns. A document cut by the chunk's first or last row also gets
+    # tiles from the neighbouring chunk's program: those go in by atomic max, all others by plain stores.
+    doc = tl.load(doc_ptr + rows, mask=in_stream, other=-1)
+    last_row = tl.minimum(row0 + BLOCK_L, T) - 1
+    first_doc = tl.load(doc_ptr + row0)
+    last_doc = tl.load(doc_ptr + last_row)
+    cut_first = (row0 > 0) & (tl.load(doc_ptr + tl.maximum(row0 - 1, 0)) == first_doc)
+    cut_last = (last_row + 1 < T) & (tl.load(doc_ptr + tl.minimum(last_row + 1, T - 1)) == last_doc)
     v_ok = offs_v < V
+    bias = tl.zeros((BLOCK_V,), dtype=tl.float32)
     if bias_ptr is not None:
-        peak += tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
-    x = tl.maximum(peak, 0.0)  # relu; a document with no kept token has peak = -inf and gets 0
-    # log1p without libdevice (the interpreter runs it too): log(u)·x/(u-1), u = 1+x, is exact to a few ulp.
-    u = 1.0 + x
-    d = u - 1.0
-    w_out = tl.where(d == 0.0, x, tl.log(u) * (x / tl.where(d == 0.0, 1.0, d)))
-    tl.store(out_ptr + doc.to(tl.int64) * stride_out + offs_v, w_out, mask=v_ok)
+        bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+    first_out = out_ptr + first_doc.to(tl.int64) * stride_out + offs_v  # int64: B·V may pass 2**31
+    for d in range(first_doc, last_doc + 1):
+        # Dropped and foreign tokens become -inf, so they never win; relu then maps a lone -inf to 0.
+        peak = tl.max(tl.where((live & (doc == d))[None, :], acc, float("-inf")), axis=1)
+        x = tl.maximum(peak + bias, 0.0)
+        # log1p without libdevice (the interpreter runs it too): log(u)·x/(u-1), u = 1+x, exact to a few ulp.
+        u = 1.0 + x
+        step = u - 1.0
+        w_out = tl.where(step == 0.0, x, tl.log(u) * (x / tl.where(step == 0.0, 1.0, step)))
+        out_ptrs = first_out + (d - first_doc) * stride_out
+        if ((d == first_doc) & cut_first) | ((d == last_doc) & cut_last):
+            tl.atomic_max(out_ptrs, w_out, mask=v_ok)
+        else:
+            tl.store(out_ptrs, w_out, mask=v_ok)
 
 
 def _config(bv: int, bl: int, bk: int, warps: int, stages: int, group: int = 8) -> triton.Config:
-    meta = {"BLOCK_V": bv, "BLOCK_L": bl, "BLOCK_K": bk, "GROUP_B": group}
+    meta = {"BLOCK_V": bv, "BLOCK_L": bl, "BLOCK_K": bk, "GROUP_L": group}
     return triton.Config(meta, num_warps=warps, num_stages=stages)
 
 
 # 16-bit inputs: tiles sized for Hopper's wgmma (M = BLOCK_V ≥ 64 per warpgroup), ≤ 200 KB of shared memory.
 _CONFIGS_16 = [
-    _config(128, 128, 64, 8, 4),
     _config(256, 128, 64, 8, 3),
     _config(128, 256, 64, 8, 3),
+    _config(128, 128, 64, 8, 4),
     _config(256, 64, 64, 8, 4),
-    _config(128, 64, 64, 4, 4),
-    _config(128, 128, 64, 4, 4),
 ]
 # fp32 inputs take twice the shared memory per element.
 _CONFIGS_32 = [_config(128, 64, 32, 8, 3), _config(64, 64, 32, 4, 3)]
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
-    """Keep the configs for this dtype whose BLOCK_K divides H and whose BLOCK_L a typical document fills."""
-    wide = named_args["tokens_ptr"].element_size() == 4
-    family = _CONFIGS_32 if wide else _CONFIGS_16
+    """Keep the configs made for this dtype whose BLOCK_K divides H."""
+    family = _CONFIGS_32 if named_args["tokens_ptr"].element_size() == 4 else _CONFIGS_16
     h = named_args["H"]
-    longest = max(64, named_args["LEN_KEY"])
-    kept = [
-        c for c in configs if c in family and h % c.kwargs["BLOCK_K"] == 0 and c.kwargs["BLOCK_L"] <= longest
-    ]
+    kept = [c for c in configs if c in family and h % c.kwargs["BLOCK_K"] == 0]
     if not kept:
         raise ValueError(f"sparton: no tuned config fits hidden size {h}: use a multiple of 64 (32 for fp32)")
     return kept
@@ -133,13 +135,13 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
 
 _splade_max_tuned = triton.autotune(
     configs=_CONFIGS_16 + _CONFIGS_32,
-    key=["H", "V", "LEN_KEY", "BATCH_KEY"],
+    key=["H", "V", "LEN_KEY", "ROWS_KEY"],
     prune_configs_by={"early_config_prune": _prune},
 )(_splade_max_kernel)
 
-# Under TRITON_INTERPRET=1 (CPU tests): small tiles, so that modest shapes cover several V tiles, token blocks
-# and K slices.
-INTERPRETER_CONFIG = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_B": 2}
+# Under TRITON_INTERPRET=1 (CPU tests): small tiles, so that modest shapes cover several V tiles, chunks that
+# cut documents, several documents per chunk and several K slices.
+INTERPRETER_CONFIG = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_L": 2}
 # Triton decides at decoration time, for its own helpers (tl.cdiv, tl.max) too: TRITON_INTERPRET=1 must be set
 # before triton is first imported.
 INTERPRETED = not isinstance(tl.cdiv, triton.runtime.JITFunction)
@@ -163,41 +165,38 @@ def _launch(
     weight: Tensor,
     bias: Tensor | None,
     keep: Tensor | None,
-    starts: Tensor,
-    ends: Tensor,
+    doc: Tensor,
+    n_docs: int,
     len_hint: int,
     out: Tensor | None,
     config: dict | None,
 ) -> Tensor:
-    n_docs = starts.numel()
+    n_rows = tokens.shape[0]
     n_vocab, hidden = weight.shape
     if tokens.dtype != weight.dtype or tokens.dtype not in (torch.float16, torch.bfloat16, torch.float32):
-        raise TypeError(
-            f"sparton: hidden and weight must share a float dtype, got {tokens.dtype}, {weight.dtype}"
-        )
+        raise TypeError(f"sparton: hidden, weight need one float dtype: {tokens.dtype}, {weight.dtype}")
     if tokens.shape[-1] != hidden or (bias is not None and bias.shape != (n_vocab,)):
-        raise ValueError(
-            f"sparton: shapes disagree: hidden {tuple(tokens.shape)}, weight {tuple(weight.shape)}"
-        )
+        raise ValueError(f"sparton: shapes differ: hidden {tuple(tokens.shape)} weight {tuple(weight.shape)}")
     if hidden % 16:
         raise ValueError(f"sparton: hidden size {hidden} must be a multiple of 16")
     if tokens.device.type == "cpu" and tokens.dtype == torch.bfloat16:
-        raise NotImplementedError(
-            "sparton: Triton's interpreter multiplies bf16 as raw integers; use fp16/fp32"
-        )
+        raise NotImplementedError("sparton: Triton's interpreter multiplies bf16 as raw integers; use fp16")
     tokens = tokens if tokens.stride(-1) == 1 else tokens.contiguous()
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     if out is None:
-        out = torch.empty(n_docs, n_vocab, dtype=torch.float32, device=tokens.device)
-    if n_docs == 0 or n_vocab == 0:
+        out = torch.zeros(n_docs, n_vocab, dtype=torch.float32, device=tokens.device)
+    else:
+        out.zero_()
+    if n_rows == 0 or n_vocab == 0:
         return out
-    args = (tokens, weight, bias, keep, starts, ends, out)
-    args += (tokens.stride(0), weight.stride(0), out.stride(0), n_docs, n_vocab, hidden)
-    args += (_pow2(len_hint), _pow2(n_docs))
+    args = (tokens, weight, bias, keep, doc, out)
+    args += (tokens.stride(0), weight.stride(0), out.stride(0), n_rows, n_vocab, hidden)
+    # Past 2**17 rows the grid is hundreds of waves and the best tile no longer depends on the size.
+    args += (_pow2(len_hint), min(_pow2(n_rows), 1 << 17))
     precision = "tf32x3" if tokens.dtype == torch.float32 else "tf32"  # ignored for 16-bit operands
 
     def grid(meta: dict) -> tuple[int]:
-        return (n_docs * triton.cdiv(n_vocab, meta["BLOCK_V"]),)
+        return (triton.cdiv(n_rows, meta["BLOCK_L"]) * triton.cdiv(n_vocab, meta["BLOCK_V"]),)
 
     if tokens.device.type == "cpu":
         _splade_max_kernel[grid](*args, DOT_PRECISION=precision, **(config or INTERPRETER_CONFIG))
@@ -217,18 +216,14 @@ def splade_max_triton(
     config: dict | None = None,
 ) -> Tensor:
     """Padded input: hidden [B, L, H], mask [B, L] (nonzero = keep). out and config are for tests and tuning:
-    out is written in full, config ({BLOCK_V, BLOCK_L, BLOCK_K, GROUP_B[, num_warps, num_stages]}) skips
+    out is overwritten, config ({BLOCK_V, BLOCK_L, BLOCK_K, GROUP_L[, num_warps, num_stages]}) skips
     autotuning."""
     batch, seq, hidden_size = hidden.shape
     if mask.shape != (batch, seq):
         raise ValueError(f"sparton: mask {tuple(mask.shape)} does not match hidden {tuple(hidden.shape)}")
-    keep = mask.reshape(batch * seq)
-    positions = torch.arange(1, seq + 1, device=hidden.device)
-    extent = torch.where(mask != 0, positions, 0).amax(dim=1) if seq else positions.new_zeros(batch)
-    starts = torch.arange(batch, device=hidden.device, dtype=torch.int32) * seq
-    ends = starts + extent.to(torch.int32)
+    doc = torch.arange(batch, device=hidden.device, dtype=torch.int32).repeat_interleave(seq)
     tokens = hidden.reshape(batch * seq, hidden_size)
-    return _launch(tokens, weight, bias, keep, starts, ends, seq, out, config)
+    return _launch(tokens, weight, bias, mask.reshape(batch * seq), doc, batch, seq, out, config)
 
 
 def splade_max_packed_triton(
@@ -245,9 +240,11 @@ def splade_max_packed_triton(
     if hidden.dim() != 2 or cu_seqlens.dim() != 1 or cu_seqlens.numel() < 1:
         raise ValueError("sparton: packed input wants hidden [T, H] and cu_seqlens [B+1]")
     cu = cu_seqlens.to(device=hidden.device, dtype=torch.int32)
-    n_docs = cu.numel() - 1
-    len_hint = max_seqlen if max_seqlen is not None else -(-hidden.shape[0] // max(1, n_docs))
-    return _launch(hidden, weight, bias, None, cu[:-1], cu[1:], len_hint, out, config)
+    n_docs, n_rows = cu.numel() - 1, hidden.shape[0]
+    ids = torch.arange(n_docs, device=hidden.device, dtype=torch.int32)
+    doc = ids.repeat_interleave(cu[1:] - cu[:-1], output_size=n_rows)  # output_size: no device sync
+    len_hint = max_seqlen if max_seqlen is not None else -(-n_rows // max(1, n_docs))
+    return _launch(hidden, weight, bias, None, doc, n_docs, len_hint, out, config)
 
 
 @torch.library.custom_op("sparton::splade_max", mutates_args=())

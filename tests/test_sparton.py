@@ -77,7 +77,7 @@ def _check(out, ref, dtype, seed, what):
 @pytest.mark.parametrize(
     ("batch", "seq", "hidden", "vocab", "bias"),
     [
-        (3, 37, 64, 517, True),  # V, L not multiples of any tile; 3 documents over GROUP_B=2
+        (3, 37, 64, 517, True),  # V, L not multiples of any tile: chunks straddle rows
         (1, 1, 32, 100, True),  # batch 1, seq 1
         (2, 50, 48, 33, False),  # documents longer than a token block; 3 K slices; no bias
     ],
@@ -89,7 +89,7 @@ def test_padded_kernel_random_mask(dtype, batch, seq, hidden, vocab, bias):
     mask[0, 0] = True
     if batch > 1:
         mask[-1] = False  # an all-padding row
-    out = torch.full((batch, vocab), float("nan"))  # poisoned: every element must be written
+    out = torch.full((batch, vocab), float("nan"))  # poisoned: the launcher must overwrite all of it
     head.splade_max_triton(h, w, b, mask, out=out)
     ref = _oracle(h, w, b, mask)
     _check(out, ref, dtype, seed, "padded")
@@ -111,15 +111,16 @@ def test_padded_kernel_prefix_int_mask_through_public_api():
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_packed_kernel_with_empty_documents(dtype):
+    """Zero-length documents first, between and last; a document over 3 chunks; many documents per chunk."""
     seed = _seed()
-    lengths = [0, 5, 40, 0, 17, 1, 0]
+    lengths = [0, 5, 40, 0, 17, 1, 0, 2, 1, 1, 3, 1, 2, 1, 1, 1, 0]
     h, w, b, _ = _inputs(seed, len(lengths), max(lengths), 64, 203, dtype)
     tokens, cu = _pack(h, lengths)
     out = torch.full((len(lengths), 203), float("nan"))
     head.splade_max_packed_triton(tokens, w, b, cu, out=out)
     ref = _oracle(h, w, b, _prefix_mask(lengths, max(lengths)))
     _check(out, ref, dtype, seed, "packed")
-    assert (out[[0, 3, 6]] == 0).all(), f"zero-length documents must give zero rows (seed {seed})"
+    assert (out[[0, 3, 6, 16]] == 0).all(), f"zero-length documents must give zero rows (seed {seed})"
     public = sparton.splade_max_packed(tokens, w, b, cu, backend="triton")
     assert torch.equal(public, out)
 
@@ -130,7 +131,7 @@ def test_kernel_other_tile_shapes():
     seed = _seed()
     h, w, b, g = _inputs(seed, 5, 70, 64, 150, torch.float32)
     mask = torch.rand(5, 70, generator=g) < 0.5
-    config = {"BLOCK_V": 64, "BLOCK_L": 32, "BLOCK_K": 32, "GROUP_B": 3}
+    config = {"BLOCK_V": 64, "BLOCK_L": 32, "BLOCK_K": 32, "GROUP_L": 3}
     out = torch.full((5, 150), float("nan"))
     head.splade_max_triton(h, w, b, mask, out=out, config=config)
     _check(out, _oracle(h, w, b, mask), torch.float32, seed, "tiles 64x32x32")
