@@ -74,12 +74,13 @@ def matmul_peak_tflops() -> float:
 
 def measure(fn: Callable[[], object], rep: int = 200) -> dict:
     """Median time and extra peak memory of fn, or {'status': 'OOM'}."""
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
     try:
-        fn()  # warm-up: autotuning / compilation happen here
+        fn()  # warm-up: autotuning (with do_bench's 256 MB L2-flush buffer) and compilation happen here
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        fn()
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated() - before
         ms = do_bench(fn, warmup=25, rep=rep, return_mode="median")
