@@ -1,0 +1,330 @@
+"""End-to-end encoding throughput: lsr-index against what users run today, same model, same documents.
+
+Peers (compute only: they write nothing, which favours them):
+  - sentence-transformers SparseEncoder (MLMTransformer + SpladePooling), batch 64 and 256;
+  - a plain transformers forward, batches sorted by length, eager SPLADE pooling, batch 256.
+lsr-index: `encode_corpus` from a JSONL file to gzipped JsonVector shards on disk, model load included.
+
+Models are random-weight BERT-base (V = 30,522) and XLM-R-base (V = 250,002) architectures whose decoder bias
+is calibrated so that documents get ~200 nonzero impacts, like real SPLADE (random weights otherwise give
+thousands and misrepresent the output stage). Workloads: synthetic ~60-token documents; real text
+(SciFact repeated, ~240 tokens after truncation); optionally 1M documents with host memory sampled.
+
+    python benchmarks/bench_encode.py --tokenizer DIR [--scifact DIR] [--sections ...] [--smoke]
+writes benchmarks/results/encode_<GPU>.{json,csv,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import random
+import resource
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_NNZ = 200
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def reset_peak(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gb(device: str) -> float | None:
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if device.startswith("cuda") else None
+
+
+# ---------------------------------------------------------------- models and data
+
+def make_tokenizer(source: Path, target: Path, vocab_size: int) -> None:
+    """The BERT WordPiece tokenizer, its vocabulary padded with unused terms up to vocab_size."""
+    target.mkdir(parents=True, exist_ok=True)
+    spec = json.loads((source / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    for i in range(len(vocab), vocab_size):
+        vocab[f"unused-term-{i}"] = i
+    (target / "tokenizer.json").write_text(json.dumps(spec))
+    shutil.copy(source / "tokenizer_config.json", target / "tokenizer_config.json")
+
+
+def make_model(arch: str, target: Path, tokenizer: Path, device: str, smoke: bool, calib_texts: list[str]) -> Path:
+    from transformers import AutoModelForMaskedLM, AutoTokenizer, BertConfig, XLMRobertaConfig
+
+    size = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256) if smoke else \
+        dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+    if arch == "bert-base":
+        config = BertConfig(vocab_size=30522, **size)
+    else:  # XLM-R base shape; pad id 0 to match the WordPiece tokenizer used for it here
+        config = XLMRobertaConfig(vocab_size=250002, max_position_embeddings=514, type_vocab_size=1,
+                                  pad_token_id=0, bos_token_id=2, eos_token_id=3, **size)
+    make_tokenizer(tokenizer, target, config.vocab_size)
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(config).to(device).eval()
+    # calibrate: bias such that max_s logit + bias ≥ 0.005 (one impact unit) for ~TARGET_NNZ terms per document
+    tok = AutoTokenizer.from_pretrained(target)
+    batch = tok(calib_texts, truncation=True, max_length=256, padding=True, return_tensors="pt").to(device)
+    decoder = model.get_output_embeddings()
+    with torch.no_grad():
+        decoder.bias.zero_()
+        logits = model(**batch).logits.float().masked_fill(~batch["attention_mask"].bool()[..., None], -1e9)
+        peaks = logits.amax(dim=1)  # [n, V]
+        threshold = torch.quantile(peaks.flatten()[:2**24], 1 - TARGET_NNZ / config.vocab_size).item()
+        decoder.bias.fill_(0.005 - threshold)
+    model.save_pretrained(target, safe_serialization=True)
+    return target
+
+
+def words_from(tokenizer: Path) -> list[str]:
+    vocab = json.loads((tokenizer / "tokenizer.json").read_text())["model"]["vocab"]
+    return [w for w in vocab if w.isalpha() and w.isascii() and len(w) > 2]
+
+
+def synthetic_corpus(path: Path, n: int, words: list[str], seed: int = 0) -> list[str]:
+    """~60-token documents of random vocabulary words (most are one token)."""
+    rng = random.Random(seed)
+    texts = [" ".join(rng.choices(words, k=rng.randint(40, 70))) for _ in range(n)]
+    with open(path, "w") as f:
+        for i, text in enumerate(texts):
+            f.write(json.dumps({"id": f"d{i}", "text": text}) + "\n")
+    return texts
+
+
+def real_corpus(path: Path, scifact: Path, min_docs: int) -> list[str]:
+    docs = [json.loads(line) for line in (scifact / "corpus.jsonl").open()]
+    texts = []
+    with open(path, "w") as f:
+        for rep in range(-(-min_docs // len(docs))):
+            for d in docs:
+                f.write(json.dumps({"id": f"{d['id']}-{rep}", "title": d["title"], "text": d["text"]}) + "\n")
+                texts.append(f"{d['title']} {d['text']}")
+    return texts
+
+
+# ---------------------------------------------------------------- systems
+
+def run_sentence_transformers(model_dir: Path, texts: list[str], batch: int, device: str, dtype) -> dict:
+    from sentence_transformers.sparse_encoder import SparseEncoder
+    from sentence_transformers.sparse_encoder.modules import MLMTransformer, SpladePooling
+
+    mlm = MLMTransformer(str(model_dir), max_seq_length=256, model_kwargs={"dtype": dtype})
+    model = SparseEncoder(modules=[mlm, SpladePooling("max")], device=device)
+    model.encode_document(texts[:batch], batch_size=batch, show_progress_bar=False)  # warm-up
+    reset_peak(device)
+    sync(device)
+    t0 = time.perf_counter()
+    model.encode_document(texts, batch_size=batch, show_progress_bar=False, convert_to_sparse_tensor=True)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    return {"docs": len(texts), "seconds": seconds, "peak_gpu_gb": peak_gb(device)}
+
+
+def run_plain(model_dir: Path, texts: list[str], batch: int, device: str, dtype) -> dict:
+    """A plain transformers forward: sorted by length, full logits, log1p(relu), mask, max."""
+    from transformers import AutoModelForMaskedLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForMaskedLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+
+    def encode(subset: list[str]) -> int:
+        lengths = [len(x) for x in tok(subset, truncation=True, max_length=256)["input_ids"]]
+        order = sorted(range(len(subset)), key=lambda i: -lengths[i])
+        nnz = 0
+        with torch.inference_mode():
+            for i in range(0, len(order), batch):
+                enc = tok([subset[j] for j in order[i:i + batch]], truncation=True, max_length=256, padding=True,
+                          return_tensors="pt").to(device)
+                logits = model(**enc).logits
+                w = (torch.log1p(torch.relu(logits)) * enc["attention_mask"][..., None]).amax(dim=1)
+                nnz += int((torch.round(w.float() * 100) > 0).sum())
+        return nnz
+
+    encode(texts[:batch])
+    reset_peak(device)
+    sync(device)
+    t0 = time.perf_counter()
+    nnz = encode(texts)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    return {"docs": len(texts), "seconds": seconds, "peak_gpu_gb": peak_gb(device),
+            "nonzeros_per_doc": nnz / len(texts)}
+
+
+class HostMemory:
+    """Samples this process's resident memory once a second (to show it stays flat while streaming)."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        while not self._stop.wait(1.0):
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+            self.samples.append((round(time.perf_counter() - t0, 1), round(rss, 1)))
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, ...], dtype: str,
+                  max_tokens: int, track_memory: bool = False) -> dict:
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+
+    job = EncodeJob(inputs=(str(corpus),), model=str(model_dir), dtype=dtype,
+                    options=EncodeOptions(max_tokens=max_tokens, shard_docs=500_000, overwrite=True, progress=False))
+    reset_peak(devices[0])
+    memory = HostMemory() if track_memory else None
+    t0 = time.perf_counter()
+    if memory:
+        with memory:
+            manifest = encode_corpus(job, out, devices)
+    else:
+        manifest = encode_corpus(job, out, devices)
+    seconds = time.perf_counter() - t0
+    result = {"docs": manifest.docs, "seconds": seconds, "peak_gpu_gb": peak_gb(devices[0]),
+              "nonzeros_per_doc": manifest.stats["nonzeros_per_doc"],
+              "bytes_on_disk": sum((out / s.file).stat().st_size for s in manifest.shards)}
+    if memory:
+        result["host_rss_mb"] = memory.samples
+    shutil.rmtree(out)
+    return result
+
+
+# ---------------------------------------------------------------- driver
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokenizer", type=Path, required=True, help="directory with a BERT tokenizer.json")
+    parser.add_argument("--scifact", type=Path, help="BEIR SciFact directory (corpus.jsonl) for the real-text rows")
+    parser.add_argument("--sections", default="bert,real,xlmr", help="comma list of bert, real, xlmr, million, multi")
+    parser.add_argument("--smoke", action="store_true", help="tiny models and corpora: check the script on a CPU")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = parser.parse_args()
+    sections = set(args.sections.split(","))
+    device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    gpu = torch.cuda.get_device_name(0) if device != "cpu" else platform.processor() or "cpu"
+    dtype, dtype_name = (torch.bfloat16, "bfloat16") if device != "cpu" else (torch.float32, "float32")
+    scale = 64 if args.smoke else 1
+    n_peer, n_lsr = 16384 // scale, 131072 // scale
+    max_tokens = 131072 if device != "cpu" else 16384
+    work = Path(tempfile.mkdtemp(prefix="bench-encode-"))
+    import transformers
+    import triton
+
+    meta = {"device": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
+            "triton": triton.__version__, "python": sys.version.split()[0], "smoke": args.smoke,
+            "max_tokens": max_tokens}
+    name = "".join(c if c.isalnum() else "_" for c in gpu).strip("_") + ("_smoke" if args.smoke else "")
+    words = words_from(args.tokenizer)
+    rows: list[dict] = []
+
+    def record(workload: str, model: str, system: str, result: dict, **extra) -> None:
+        row = {"workload": workload, "model": model, "system": system, **result, **extra,
+               "docs_per_second": round(result["docs"] / result["seconds"], 1)}
+        rows.append(row)
+        save(rows, meta, args.out, name)
+        print(f"{workload:>10} {model:>10} {system:<34} {row['docs_per_second']:>10,.0f} docs/s  "
+              f"peak GPU {row.get('peak_gpu_gb')} GB", flush=True)
+
+    def compare(workload: str, model: str, model_dir: Path, corpus: Path, texts: list[str], peers: bool = True,
+                st_batches: tuple[int, ...] = (64, 256), n_peers: int = n_peer) -> None:
+        run_lsr_index(model_dir, corpus, work / "warm", (device,), dtype_name, max_tokens)  # autotune, caches
+        record(workload, model, "lsr-index (file → shards)",
+               run_lsr_index(model_dir, corpus, work / "out", (device,), dtype_name, max_tokens))
+        if peers:
+            for b in st_batches:
+                record(workload, model, f"sentence-transformers b{b}",
+                       run_sentence_transformers(model_dir, texts[:n_peers], b, device, dtype))
+            record(workload, model, "transformers sorted eager b256", run_plain(model_dir, texts[:n_peers], 256,
+                                                                               device, dtype))
+
+    synthetic = work / "synthetic.jsonl"
+    texts = synthetic_corpus(synthetic, n_lsr, words)
+    if sections & {"bert", "real", "million", "multi"}:
+        bert = make_model("bert-base", work / "bert-base", args.tokenizer, device, args.smoke, texts[:256])
+    if "bert" in sections:
+        compare("synthetic", "bert-base", bert, synthetic, texts)
+    if "real" in sections and args.scifact:
+        real = work / "real.jsonl"
+        real_texts = real_corpus(real, args.scifact, 100_000 // scale)
+        compare("scifact", "bert-base", bert, real, real_texts, n_peers=4096 // scale, st_batches=(64,))
+    if "xlmr" in sections:
+        xlmr = make_model("xlmr-base", work / "xlmr-base", args.tokenizer, device, args.smoke, texts[:64])
+        small = work / "synthetic-32k.jsonl"
+        small_texts = synthetic_corpus(small, 32768 // scale, words, seed=1)
+        compare("synthetic", "xlmr-base", xlmr, small, small_texts, n_peers=4096 // scale)
+    if "multi" in sections and torch.cuda.device_count() >= 2:
+        devices = tuple(f"cuda:{i}" for i in range(torch.cuda.device_count()))
+        record("synthetic", "bert-base", f"lsr-index x{len(devices)} GPUs",
+               run_lsr_index(bert, synthetic, work / "out", devices, dtype_name, max_tokens))
+    if "million" in sections:
+        million = work / "million.jsonl"
+        synthetic_corpus(million, 1_000_000 // scale, words, seed=2)
+        record("1M stream", "bert-base", "lsr-index (file → shards)",
+               run_lsr_index(bert, million, work / "out", (device,), dtype_name, max_tokens, track_memory=True))
+    shutil.rmtree(work, ignore_errors=True)
+    plot(rows, meta, args.out / f"encode_{name}.png")
+
+
+def save(rows: list[dict], meta: dict, out: Path, name: str) -> None:
+    """Rewritten after every row, so a run cut short still leaves what it measured."""
+    meta["peak_host_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"encode_{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    with open(out / f"encode_{name}.csv", "w", newline="") as f:
+        fields = ["workload", "model", "system", "docs", "seconds", "docs_per_second", "peak_gpu_gb",
+                  "nonzeros_per_doc", "bytes_on_disk"]
+        writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def plot(rows: list[dict], meta: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["workload"], r["model"]) for r in rows}, key=lambda g: [(r["workload"], r["model"])
+                                                                                 for r in rows].index(g))
+    fig, axes = plt.subplots(1, len(groups), figsize=(5 * len(groups), 4), squeeze=False)
+    for ax, (workload, model) in zip(axes[0], groups):
+        sub = [r for r in rows if (r["workload"], r["model"]) == (workload, model)]
+        ax.barh([r["system"] for r in sub], [r["docs_per_second"] for r in sub],
+                color=["tab:red" if r["system"].startswith("lsr-index") else "tab:gray" for r in sub])
+        ax.set_xscale("log")
+        ax.set_xlabel("documents / s (log)")
+        ax.set_title(f"{model}, {workload}")
+        for i, r in enumerate(sub):
+            ax.text(r["docs_per_second"], i, f" {r['docs_per_second']:,.0f}", va="center", fontsize=8)
+    fig.suptitle(f"SPLADE encoding throughput on {meta['device']} (torch {meta['torch']}, triton {meta['triton']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""On CUDA the encoder runs the Sparton kernel; its vectors must match the CPU path's (run: pytest -m gpu)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lsr_index.encoder import SpladeEncoder
+from lsr_index.models import load_model
+from lsr_index.quantize import Quantization, quantize
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+TEXTS = [f"protein {i} binds the receptor in cells " * (1 + i % 40) for i in range(300)] + ["x", "CRISPR"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernel_encoder_matches_cpu_encoder(dtype):
+    cpu = SpladeEncoder(load_model("splade-tiny", device="cpu"), max_tokens=8192).encode(TEXTS, 256)
+    gpu = SpladeEncoder(load_model("splade-tiny", device="cuda", dtype=dtype), max_tokens=8192,
+                        backend="triton").encode(TEXTS, 256).cpu()
+    rel = ((gpu - cpu).norm() / cpu.norm()).item()
+    assert rel < (3e-3 if dtype == torch.float32 else 3e-2), rel
+    a, b = quantize(cpu, Quantization()), quantize(gpu, Quantization())
+    # nonzero terms may differ only where a weight sits at the rounding boundary (w·100 ≈ k + 0.5)
+    agree = sum(len(set(a.row(i)[0]) & set(b.row(i)[0])) for i in range(len(TEXTS)))
+    assert agree / max(a.nnz, b.nnz) > (0.995 if dtype == torch.float32 else 0.95)
