@@ -288,7 +288,7 @@ def write_results(gpu: str, meta: dict, rows: list[dict], fits: dict) -> None:
             lw=1,
             label=f"FLOP floor V={vocab}",
         )
-    for ax, title in ((axes[0], "time (ms)"), (axes[1], "extra peak memory (GiB)")):
+    for ax, title in ((axes[0], "time (ms)"), (axes[1], "peak memory of the call, inputs excluded (GiB)")):
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("batch (documents of 256 tokens)")
