@@ -6,10 +6,12 @@ never leaves a file that looks finished; its checksum then goes into the manifes
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 import orjson
@@ -17,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import LsrIndexError
-from .manifest import Manifest, Shard
+from .manifest import Manifest, Shard, fsync_directory, os_cause
 from .models import sha256_file
 from .quantize import SparseVectors
 
@@ -35,7 +37,11 @@ def check_vocab(vocab: Sequence[str]) -> None:
 
 
 class ShardWriter:
-    """One shard open for appending; `finish` publishes it, `abort` removes the partial file."""
+    """One shard open for appending; `finish` publishes it, `abort` removes the partial file.
+
+    Any OSError (disk full, quota, file too large, I/O error) becomes an LsrIndexError naming the shard and
+    the cause, and the partial file is removed at once: nothing half-written is ever left under a final name.
+    """
 
     def __init__(self, path: Path, fmt: str, vocab: np.ndarray):
         if fmt not in FORMATS:
@@ -43,60 +49,101 @@ class ShardWriter:
         self.path, self.fmt, self.vocab = path, fmt, vocab
         self.tmp = path.with_name(f".{path.name}.tmp")
         self.docs = self.nonzeros = 0
-        if fmt == "parquet":
-            self._arrow_vocab = pa.array(vocab.tolist(), pa.string())
-            self._sink = pq.ParquetWriter(self.tmp, PARQUET_SCHEMA, compression="zstd")
-        else:  # gzip level 1: most of gzip's size saving for the least CPU on the hot path
-            self._raw = open(self.tmp, "wb")  # noqa: SIM115 (lives until finish/abort, not a block)
-            self._sink = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=1, mtime=0) \
-                if fmt == "jsonl.gz" else self._raw
+        self._raw = self._sink = None
+        self._open = True
+        try:
+            if fmt == "parquet":
+                self._arrow_vocab = pa.array(vocab.tolist(), pa.string())
+                self._sink = pq.ParquetWriter(self.tmp, PARQUET_SCHEMA, compression="zstd")
+            else:  # gzip level 1: most of gzip's size saving for the least CPU on the hot path
+                self._raw = open(self.tmp, "wb")  # noqa: SIM115 (lives until finish/abort, not a block)
+                self._sink = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=1, mtime=0) \
+                    if fmt == "jsonl.gz" else self._raw
+        except OSError as exc:
+            self._fail(exc)
+
+    def _fail(self, exc: OSError) -> NoReturn:
+        self.abort()
+        raise LsrIndexError(f"{self.path}: cannot write the shard: {os_cause(exc)}; the partial shard was removed "
+                            "and is not in the manifest (free some space if the disk is full, then rerun the same "
+                            "command to continue after the last complete shard)") from exc
 
     def add(self, ids: Sequence[str], vectors: SparseVectors) -> None:
-        if self.fmt == "parquet":
-            offsets = pa.array(vectors.indptr.astype(np.int32))
-            terms = pa.ListArray.from_arrays(offsets, self._arrow_vocab.take(pa.array(vectors.terms)))
-            weights = pa.ListArray.from_arrays(offsets, pa.array(vectors.weights, pa.int32()))
-            self._sink.write_batch(pa.record_batch([pa.array(ids, pa.string()), terms, weights],
-                                                   schema=PARQUET_SCHEMA))
-        else:
-            words = self.vocab[vectors.terms].tolist()
-            weights = vectors.weights.tolist()
-            bounds = vectors.indptr.tolist()
-            self._sink.write(b"".join(
-                orjson.dumps({"id": doc_id, "contents": "",
-                              "vector": dict(zip(words[lo:hi], weights[lo:hi]))}) + b"\n"
-                for doc_id, lo, hi in zip(ids, bounds[:-1], bounds[1:])))
+        if not self._open:
+            raise LsrIndexError(f"{self.path}: the shard writer is closed")
+        try:
+            if self.fmt == "parquet":
+                offsets = pa.array(vectors.indptr.astype(np.int32))
+                terms = pa.ListArray.from_arrays(offsets, self._arrow_vocab.take(pa.array(vectors.terms)))
+                weights = pa.ListArray.from_arrays(offsets, pa.array(vectors.weights, pa.int32()))
+                self._sink.write_batch(pa.record_batch([pa.array(ids, pa.string()), terms, weights],
+                                                       schema=PARQUET_SCHEMA))
+            else:
+                words = self.vocab[vectors.terms].tolist()
+                weights = vectors.weights.tolist()
+                bounds = vectors.indptr.tolist()
+                self._sink.write(b"".join(
+                    orjson.dumps({"id": doc_id, "contents": "",
+                                  "vector": dict(zip(words[lo:hi], weights[lo:hi]))}) + b"\n"
+                    for doc_id, lo, hi in zip(ids, bounds[:-1], bounds[1:])))
+        except OSError as exc:
+            self._fail(exc)
         self.docs += len(ids)
         self.nonzeros += vectors.nnz
 
     def _close(self) -> None:
-        self._sink.close()
-        if self.fmt != "parquet":
-            self._raw.close()
+        self._open = False
+        try:
+            if self._sink is not None:
+                self._sink.close()
+        finally:
+            if self._raw is not None:
+                self._raw.close()
 
     def finish(self, start: int, root: Path) -> Shard:
         """Publish the shard; `root` is the manifest's directory, which shard paths are relative to."""
-        self._close()
-        with open(self.tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(self.tmp, self.path)
-        return Shard(file=self.path.relative_to(root).as_posix(), start=start, docs=self.docs, nonzeros=self.nonzeros,
-                     sha256=sha256_file(self.path))
+        if not self._open:
+            raise LsrIndexError(f"{self.path}: the shard writer is closed")
+        try:
+            self._close()  # flushes: a full disk can show up only here
+            with open(self.tmp, "rb") as f:
+                os.fsync(f.fileno())
+            sha = sha256_file(self.tmp)
+            os.replace(self.tmp, self.path)
+            fsync_directory(self.path.parent)
+        except OSError as exc:
+            self._fail(exc)
+        return Shard(file=self.path.relative_to(root).as_posix(), start=start, docs=self.docs,
+                     nonzeros=self.nonzeros, sha256=sha)
 
     def abort(self) -> None:
+        """Drop the partial shard; safe to call twice, and never raises over the error that led here."""
         try:
-            self._close()
+            with contextlib.suppress(Exception):  # a stream that failed may fail again on close
+                self._close()
         finally:
-            self.tmp.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                self.tmp.unlink(missing_ok=True)
 
 
 def verify_shards(directory: Path, manifest: Manifest) -> None:
-    """Refuse to use a vectors directory whose shards are missing, truncated or altered."""
+    """Refuse to use a vectors directory whose shards are missing, truncated, altered or do not tile."""
+    expected = 0
+    for shard in sorted(manifest.shards, key=lambda s: s.start):
+        if shard.start != expected:
+            raise LsrIndexError(f"{directory / 'manifest.json'}: the shards do not cover documents "
+                                f"{expected}..{shard.start - 1}; rerun `lsr-index encode` to finish the encoding")
+        expected += shard.docs
     for shard in manifest.shards:
         path = directory / shard.file
         if not path.is_file():
-            raise LsrIndexError(f"{path}: shard listed in the manifest is missing")
-        if sha256_file(path) != shard.sha256:
+            raise LsrIndexError(f"{path}: shard listed in the manifest is missing (re-encode: rerun "
+                                "`lsr-index encode` with --overwrite)")
+        try:
+            digest = sha256_file(path)
+        except OSError as exc:
+            raise LsrIndexError(f"{path}: cannot read the shard: {os_cause(exc)}") from None
+        if digest != shard.sha256:
             raise LsrIndexError(f"{path}: checksum mismatch against {directory / 'manifest.json'} "
                                 "(the shard is corrupted or truncated; re-encode it)")
 
