@@ -140,7 +140,7 @@ def run_plain(model_dir: Path, texts: list[str], batch: int, device: str, dtype)
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForMaskedLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
+    model = AutoModelForMaskedLM.from_pretrained(model_dir, dtype=dtype, use_safetensors=True).to(device).eval()
 
     def encode(subset: list[str]) -> int:
         lengths = [len(x) for x in tok(subset, truncation=True, max_length=256)["input_ids"]]

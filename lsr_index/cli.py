@@ -33,6 +33,9 @@ def friendly_errors(fn: Callable) -> Callable:
         except LsrIndexError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
+        except OSError as exc:  # a file-system error outside the stages' own handling
+            click.echo(f"error: {exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}", err=True)
+            sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted: rerun the same command to continue where it stopped", err=True)
             sys.exit(130)

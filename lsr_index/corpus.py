@@ -40,7 +40,7 @@ _FORMATS = {
 _SUPPORTED = ", ".join(_FORMATS)
 _ID_KEYS = ("id", "_id", "docid")
 _TITLE_TEXT = ("title", "text")
-_SKIP_HINT = "fix or remove the record, or pass on_error='skip' to skip bad records"
+_SKIP_HINT = "fix or remove the record, or rerun with --on-error skip to skip and list bad records"
 # A line this long is not a document but a binary or newline-less file: reading it whole would defeat
 # constant memory.
 _MAX_LINE_BYTES = 64 << 20

@@ -15,7 +15,7 @@ import resource
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -140,7 +140,7 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
     """Encode the pending shards k ≡ worker (mod workers); `emit` receives each finished shard."""
     import torch
 
-    from .encoder import SpladeEncoder
+    from .encoder import SpladeEncoder, Tokens
     from .models import load_model
 
     options = job.options
@@ -150,7 +150,7 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
     reader = job.reader()
     mine = lambda shard: shard % workers == worker and shard not in done
 
-    def tokenized() -> Iterator[tuple[int, list[str], list[list[int]]]]:
+    def tokenized() -> Iterator[tuple[int, list[str], Tokens]]:
         position = 0
         for batch in reader:
             start, position = position, position + batch.num_rows
@@ -170,7 +170,7 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
             parts = []
             for pos, weights in encoder.encode_ids(token_ids):
                 parts.append((pos, quantize(weights, options.quantization)))
-                progress(len(pos), int(sum(len(token_ids[p]) for p in pos)))
+                progress(len(pos), int(token_ids.lengths[pos].sum()))
             vectors = SparseVectors.stack(parts, len(ids))
             offset = 0
             while offset < len(ids):  # split at shard boundaries; skip shards that are not ours
@@ -193,7 +193,8 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
         sink.put(final, [], SparseVectors(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)),
                  last=True)
     sink.close()
-    return WorkerResult(total_docs=total, tokens=encoder.n_tokens, skipped=[asdict(s) for s in reader.skipped])
+    skipped = [{"file": s.path, "line": s.where, "id": s.doc_id, "reason": s.reason} for s in reader.skipped]
+    return WorkerResult(total_docs=total, tokens=encoder.n_tokens, skipped=skipped)
 
 
 def _worker_main(job, out, device, worker, workers, done, messages) -> None:
@@ -219,12 +220,15 @@ def _describe_input(job: EncodeJob) -> dict:
 def _open_output(out: Path, fresh: Manifest, overwrite: bool) -> Manifest:
     """Start, resume or refuse, depending on what the directory already holds."""
     if not (out / "manifest.json").exists():
-        if any(p.name != ".lock" for p in out.iterdir()) and not overwrite:
+        ours = lambda p: p.name == ".lock" or (p.name.startswith(".manifest.json.") and p.name.endswith(".tmp")) \
+            or (p.name == SHARDS and p.is_dir() and all(q.name.startswith(".") for q in p.iterdir()))
+        if not all(ours(p) for p in out.iterdir()) and not overwrite:
             raise LsrIndexError(f"{out} exists and is not an lsr-index output; choose another directory "
                                 "or pass --overwrite")
         return fresh
     old = Manifest.load(out)
     if overwrite:
+        fresh.save(out)  # first: a kill below must not leave a complete manifest over deleted shards
         for shard in old.shards:
             (out / shard.file).unlink(missing_ok=True)
         return fresh
@@ -255,7 +259,7 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
     with exclusive_lock(out):
         manifest = _open_output(out, fresh, options.overwrite)
         (out / SHARDS).mkdir(exist_ok=True)
-        for stale in (out / SHARDS).glob(".*.tmp"):  # partial shards of a killed run
+        for stale in [*(out / SHARDS).glob(".*.tmp"), *out.glob(".manifest.json.*.tmp")]:  # left by a kill
             stale.unlink()
         manifest.complete = False
         manifest.save(out)

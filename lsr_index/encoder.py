@@ -8,6 +8,7 @@ bottleneck: on splade-tiny the head is ~30× the transformer layers' FLOPs).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,6 +30,24 @@ def length_buckets(lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
     return batches
 
 
+@dataclass
+class Tokens:
+    """Token ids of n texts, flat: text i is ids[offsets[i]:offsets[i+1]]. No per-token Python objects."""
+
+    ids: np.ndarray  # int64 [total tokens]
+    offsets: np.ndarray  # int64 [n + 1]
+
+    @property
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def gather(self, positions: np.ndarray) -> np.ndarray:
+        """The ids of texts `positions`, concatenated in that order."""
+        lengths = self.lengths[positions]
+        starts = np.repeat(self.offsets[positions] - np.concatenate([[0], np.cumsum(lengths)[:-1]]), lengths)
+        return self.ids[starts + np.arange(lengths.sum())]
+
+
 class SpladeEncoder:
     def __init__(self, model: SpladeModel, max_tokens: int = 16384, backend: str = "auto"):
         self.model = model
@@ -36,16 +55,30 @@ class SpladeEncoder:
         self.backend = backend
         self.device = model.weight.device
         self.n_tokens = 0  # real (unpadded) tokens encoded so far, for throughput reports
+        self._backends: dict[int, object] = {}  # max_length → truncating Rust tokenizer
 
-    def tokenize(self, texts: Sequence[str], max_length: int) -> list[list[int]]:
-        return self.model.tokenizer(list(texts), truncation=True, max_length=max_length,
-                                    add_special_tokens=True, return_attention_mask=False,
-                                    return_token_type_ids=False)["input_ids"]
+    def tokenize(self, texts: Sequence[str], max_length: int) -> Tokens:
+        """Through the Rust tokenizer directly: it runs on every core without the GIL and skips the
+        per-text Python objects of the transformers wrapper (~1.7× faster on 2 cores, more on many)."""
+        if max_length not in self._backends:
+            from tokenizers import Tokenizer
+
+            backend = Tokenizer.from_str(self.model.tokenizer.backend_tokenizer.to_str())
+            backend.enable_truncation(max_length)
+            backend.no_padding()
+            self._backends[max_length] = backend
+        backend = self._backends[max_length]
+        encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: no offsets (tokenizers ≥ 0.20)
+        encodings = encode(list(texts), add_special_tokens=True)
+        offsets = np.zeros(len(encodings) + 1, np.int64)
+        np.cumsum([len(e.ids) for e in encodings], out=offsets[1:])
+        ids = np.fromiter((i for e in encodings for i in e.ids), np.int64, int(offsets[-1]))
+        return Tokens(ids, offsets)
 
     @torch.inference_mode()
-    def encode_ids(self, ids: list[list[int]]) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
-        """Yield (positions in `ids`, float32 weights [len(positions), V] on the model's device)."""
-        lengths = np.fromiter((len(x) for x in ids), np.int64, len(ids))
+    def encode_ids(self, tokens: Tokens) -> Iterator[tuple[np.ndarray, torch.Tensor]]:
+        """Yield (positions of texts, float32 weights [len(positions), V] on the model's device)."""
+        lengths = tokens.lengths
         pad = self.model.tokenizer.pad_token_id or 0
         cuda = self.device.type == "cuda"
         for positions in length_buckets(lengths, self.max_tokens):
@@ -53,7 +86,7 @@ class SpladeEncoder:
             longest = int(seq_lens[0])
             mask = np.arange(longest) < seq_lens[:, None]
             input_ids = np.full((len(positions), longest), pad, np.int64)
-            input_ids[mask] = np.concatenate([ids[p] for p in positions])
+            input_ids[mask] = tokens.gather(positions)
             # the packed rows of the real tokens, computed on the host: no device sync to find them
             packed = np.flatnonzero(mask.ravel())
             cu_seqlens = np.zeros(len(positions) + 1, np.int32)
@@ -63,8 +96,8 @@ class SpladeEncoder:
                 host = [t.pin_memory() for t in host]
             input_ids, mask, packed, cu_seqlens = (t.to(self.device, non_blocking=True) for t in host)
             hidden = self.model.body(input_ids=input_ids, attention_mask=mask.long()).logits
-            tokens = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed)
-            weights = sparton.splade_max_packed(tokens, self.model.weight, self.model.bias, cu_seqlens,
+            real = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed)
+            weights = sparton.splade_max_packed(real, self.model.weight, self.model.bias, cu_seqlens,
                                                 max_seqlen=longest, backend=self.backend)
             self.n_tokens += int(seq_lens.sum())
             yield positions, weights

@@ -13,6 +13,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from .errors import LsrIndexError
+
+INT32_MAX = 2**31 - 1
+
 
 @dataclass(frozen=True)
 class Quantization:
@@ -72,9 +76,13 @@ def quantize(weights: torch.Tensor, q: Quantization) -> SparseVectors:
     if q.top_k is not None and q.top_k < w.shape[1]:
         values, index = w.topk(q.top_k, dim=1)
         w = torch.zeros_like(w).scatter_(1, index, values)
-    impacts = torch.round(w * q.scale).to(torch.int32)
-    rows, cols = impacts.nonzero(as_tuple=True)  # row-major: terms ascend within each row
+    scaled = torch.round(w * q.scale)
+    rows, cols = scaled.nonzero(as_tuple=True)  # row-major: terms ascend within each row; NaN counts as nonzero
     counts = torch.bincount(rows, minlength=w.shape[0])
     indptr = np.zeros(w.shape[0] + 1, np.int64)
     np.cumsum(counts.cpu().numpy(), out=indptr[1:])
-    return SparseVectors(indptr, cols.to(torch.int32).cpu().numpy(), impacts[rows, cols].cpu().numpy())
+    values = scaled[rows, cols].cpu().numpy()
+    if values.size and not (np.isfinite(values).all() and values.max() <= INT32_MAX):  # checked before the cast wraps
+        raise LsrIndexError("impacts overflow int32, or the weights hold NaN/inf (a bf16 overflow?): lower --scale "
+                            "or encode in float32")
+    return SparseVectors(indptr, cols.to(torch.int32).cpu().numpy(), values.astype(np.int32))

@@ -259,7 +259,7 @@ def test_bad_record_fails_naming_file_and_line(bad_corpus):
     with pytest.raises(InputError) as caught:
         read(CorpusReader(path))
     assert caught.value.where == 2 and reason in caught.value.reason
-    assert str(caught.value).startswith(f"{path}:2: ") and "on_error='skip'" in str(caught.value)
+    assert str(caught.value).startswith(f"{path}:2: ") and "--on-error skip" in str(caught.value)
 
 
 def test_bad_record_is_skipped_and_reported(bad_corpus):

@@ -30,14 +30,24 @@ def test_encoder_matches_literal_pooling(splade_tiny, max_tokens):
     got = encoder.encode(TEXTS, max_length=48)
     expected = literal_splade(splade_tiny, TEXTS, 48)
     torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
-    assert encoder.n_tokens == sum(min(len(x), 48) for x in encoder.tokenize(TEXTS, 10_000))
+    assert encoder.n_tokens == int(encoder.tokenize(TEXTS, 48).lengths.sum())
 
 
 def test_max_length_truncates(splade_tiny):
     encoder = SpladeEncoder(splade_tiny)
-    assert max(len(x) for x in encoder.tokenize(TEXTS, 16)) == 16
+    assert encoder.tokenize(TEXTS, 16).lengths.max() == 16
     torch.testing.assert_close(encoder.encode(TEXTS[2:3], 16).double(), literal_splade(splade_tiny, TEXTS[2:3], 16),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_fast_tokenization_equals_the_transformers_tokenizer(splade_tiny):
+    encoder = SpladeEncoder(splade_tiny)
+    for max_length in (16, 64, 512):
+        tokens = encoder.tokenize(TEXTS, max_length)
+        expected = splade_tiny.tokenizer(TEXTS, truncation=True, max_length=max_length)["input_ids"]
+        assert [tokens.ids[a:b].tolist() for a, b in zip(tokens.offsets[:-1], tokens.offsets[1:])] == expected
+        order = np.array([3, 0, 2])
+        assert tokens.gather(order).tolist() == [t for i in order for t in expected[i]]
 
 
 def test_length_buckets_cover_each_position_once_within_budget():

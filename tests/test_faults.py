@@ -531,8 +531,6 @@ def test_on_error_skip_lists_every_skipped_record(bad_corpus, cli_runs):
     assert [doc for doc, _ in vectors_of(out)] == ids
 
 
-@pytest.mark.xfail(reason="encode_corpus writes corpus.Skipped's field names (path, where, doc_id) instead of "
-                          "file, line, id: see the report / docs/faults.md", strict=False)
 def test_skipped_report_uses_the_documented_keys(cli_runs):
     _, _, out = cli_runs["skip"]
     first = json.loads((out / "skipped.jsonl").read_text().splitlines()[0])

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from lsr_index.errors import LsrIndexError
 from lsr_index.quantize import Quantization, SparseVectors, quantize
 from lsr_index.writers import FORMATS, ShardWriter, read_shard
 
@@ -159,8 +160,7 @@ def test_quantize_equals_numpy(w, scale, top_k, min_weight):
         _check_topk(w, q, got)
 
 
-@pytest.mark.xfail(reason="quantize casts round(w*scale) to int32 without a bound: 3e9 becomes -2147483648 "
-                          "(fix proposed for lsr_index/quantize.py in docs/faults.md)", strict=False)
-def test_impacts_beyond_int32_are_not_wrapped():
-    v = quantize(torch.tensor([[3e7, 1.0]]), Quantization(scale=100.0))
-    assert (v.weights > 0).all()
+def test_impacts_beyond_int32_or_non_finite_are_refused_not_wrapped():
+    for weights in ([[3e7, 1.0]], [[float("nan"), 1.0]], [[float("inf"), 0.0]]):
+        with pytest.raises(LsrIndexError, match="overflow int32"):
+            quantize(torch.tensor(weights), Quantization(scale=100.0))
