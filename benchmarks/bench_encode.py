@@ -166,6 +166,23 @@ def run_plain(model_dir: Path, texts: list[str], batch: int, device: str, dtype)
             "nonzeros_per_doc": nnz / len(texts)}
 
 
+def run_lsr_model_only(model_dir: Path, texts: list[str], device: str, dtype, max_tokens: int) -> dict:
+    """lsr-index's encoder and quantizer alone on pre-tokenized text: the ceiling the I/O stages must feed."""
+    from lsr_index.encoder import SpladeEncoder
+    from lsr_index.models import load_model
+    from lsr_index.quantize import Quantization, quantize
+
+    encoder = SpladeEncoder(load_model(str(model_dir), device=device, dtype=dtype), max_tokens=max_tokens)
+    tokens = encoder.tokenize(texts, 256)
+    reset_peak(device)
+    sync(device)
+    t0 = time.perf_counter()
+    nnz = sum(quantize(w, Quantization()).nnz for _, w in encoder.encode_ids(tokens))
+    sync(device)
+    return {"docs": len(texts), "seconds": time.perf_counter() - t0, "peak_gpu_gb": peak_gb(device),
+            "nonzeros_per_doc": nnz / len(texts)}
+
+
 class HostMemory:
     """Samples this process's resident memory once a second (to show it stays flat while streaming)."""
 
@@ -255,6 +272,8 @@ def main() -> None:
         run_lsr_index(model_dir, corpus, work / "warm", (device,), dtype_name, max_tokens)  # autotune, caches
         record(workload, model, "lsr-index (file → shards)",
                run_lsr_index(model_dir, corpus, work / "out", (device,), dtype_name, max_tokens))
+        record(workload, model, "lsr-index model only (no I/O)",
+               run_lsr_model_only(model_dir, texts, device, dtype, max_tokens))
         if peers:
             for b in st_batches:
                 record(workload, model, f"sentence-transformers b{b}",

@@ -10,11 +10,13 @@ writes the manifest. Within a worker, reading+tokenizing, the model, and seriali
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import resource
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -26,7 +28,7 @@ from .corpus import CorpusReader, Fields
 from .errors import LsrIndexError
 from .manifest import Manifest, Shard, atomic_write_bytes, exclusive_lock
 from .quantize import Quantization, SparseVectors, quantize
-from .writers import ShardWriter, check_vocab
+from .writers import ShardWriter, check_vocab, serialize_in_worker, serializer_init
 
 T = TypeVar("T")
 SHARDS = "shards"
@@ -94,11 +96,21 @@ def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
 
 
 class _ShardSink:
-    """Serializes and writes on its own thread; shards are published in the order they fill."""
+    """Writes on its own thread; shards are published in the order they fill.
 
-    def __init__(self, out: Path, job: EncodeJob, vocab: np.ndarray, emit: Callable[[Shard], None]):
+    With `serializers` > 0, JSON/gzip serialization of each chunk runs in that many processes (it is
+    per-document Python work that would otherwise hold the GIL the encoder needs); the writer thread
+    appends their bytes in order.
+    """
+
+    def __init__(self, out: Path, job: EncodeJob, vocab: np.ndarray, emit: Callable[[Shard], None],
+                 serializers: int):
         self.out, self.job, self.vocab, self.emit = out, job, vocab, emit
-        self.queue: queue.Queue = queue.Queue(maxsize=4)
+        self.pool = None
+        if serializers and job.options.output_format != "parquet":
+            self.pool = ProcessPoolExecutor(serializers, mp_context=mp.get_context("spawn"),
+                                            initializer=serializer_init, initargs=(vocab.tolist(),))
+        self.queue: queue.Queue = queue.Queue(maxsize=2 * serializers + 4)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._work, daemon=True)
         self.thread.start()
@@ -106,12 +118,16 @@ class _ShardSink:
     def put(self, index: int, ids: list[str], vectors: SparseVectors, last: bool) -> None:
         if self.error:
             raise self.error
-        self.queue.put((index, ids, vectors, last))
+        payload = self.pool.submit(serialize_in_worker, ids, vectors, self.job.options.output_format) \
+            if self.pool and ids else None
+        self.queue.put((index, ids, vectors, payload, last))
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         self.queue.put(None)
         self.thread.join()
-        if self.error:
+        if self.pool:
+            self.pool.shutdown(wait=wait, cancel_futures=not wait)
+        if self.error and wait:
             raise self.error
 
     def _work(self) -> None:
@@ -119,11 +135,14 @@ class _ShardSink:
         options = self.job.options
         try:
             while (item := self.queue.get()) is not None:
-                index, ids, vectors, last = item
+                index, ids, vectors, payload, last = item
                 if index not in writers:
                     path = self.out / SHARDS / f"part-{index:05d}.{options.output_format}"
                     writers[index] = ShardWriter(path, options.output_format, self.vocab)
-                writers[index].add(ids, vectors)
+                if payload is not None:
+                    writers[index].add_serialized(payload.result(), len(ids), vectors.nnz)
+                elif ids:
+                    writers[index].add(ids, vectors)
                 if last:
                     self.emit(writers.pop(index).finish(index * options.shard_docs, self.out))
         except BaseException as exc:
@@ -164,7 +183,9 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
             texts = rows.column("text").to_pylist()
             yield start + lo, rows.column("id").to_pylist(), encoder.tokenize(texts, options.doc_max_length)
 
-    sink = _ShardSink(out, job, np.array(model.vocab, dtype=object), emit)
+    cores = max(1, (os.cpu_count() or 1) // (2 * workers))
+    sink = _ShardSink(out, job, np.array(model.vocab, dtype=object), emit,
+                      serializers=min(8, cores) if device.startswith("cuda") else 0)
     try:
         for start, ids, token_ids in prefetch(tokenized()):
             parts = []
@@ -183,8 +204,7 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
                     sink.put(shard, ids[offset:end], piece, last=(start + end) % options.shard_docs == 0)
                 offset = end
     except BaseException:
-        sink.queue.put(None)
-        sink.thread.join()
+        sink.close(wait=False)
         raise
     # the stream's last shard is short: publish it now that the stream has ended
     total = reader.n_docs

@@ -36,6 +36,33 @@ def check_vocab(vocab: Sequence[str]) -> None:
                             f"(e.g. {bad[0]!r}) that Lucene cannot index as one term")
 
 
+def serialize(ids: Sequence[str], vectors: SparseVectors, vocab: np.ndarray, fmt: str) -> bytes:
+    """JsonVectorCollection lines for a chunk of documents; gzipped as one member for .jsonl.gz.
+
+    Pure and picklable, so that on a GPU run a pool of processes can do it: this per-document Python work
+    (dict building, JSON, deflate) would otherwise hold the encoder's GIL.
+    """
+    words = vocab[vectors.terms].tolist()
+    weights = vectors.weights.tolist()
+    bounds = vectors.indptr.tolist()
+    data = b"".join(orjson.dumps({"id": doc_id, "contents": "", "vector": dict(zip(words[lo:hi], weights[lo:hi]))})
+                    + b"\n" for doc_id, lo, hi in zip(ids, bounds[:-1], bounds[1:]))
+    return gzip.compress(data, compresslevel=1, mtime=0) if fmt == "jsonl.gz" else data
+
+
+_worker_vocab: np.ndarray | None = None
+
+
+def serializer_init(vocab: list[str]) -> None:
+    """Process-pool initializer: the vocabulary is sent once per worker, not with every chunk."""
+    global _worker_vocab
+    _worker_vocab = np.array(vocab, dtype=object)
+
+
+def serialize_in_worker(ids: Sequence[str], vectors: SparseVectors, fmt: str) -> bytes:
+    return serialize(ids, vectors, _worker_vocab, fmt)
+
+
 class ShardWriter:
     """One shard open for appending; `finish` publishes it, `abort` removes the partial file.
 
@@ -55,10 +82,8 @@ class ShardWriter:
             if fmt == "parquet":
                 self._arrow_vocab = pa.array(vocab.tolist(), pa.string())
                 self._sink = pq.ParquetWriter(self.tmp, PARQUET_SCHEMA, compression="zstd")
-            else:  # gzip level 1: most of gzip's size saving for the least CPU on the hot path
+            else:  # JSON lines; .gz as a run of independent gzip members (one per chunk) — a valid gzip file
                 self._raw = open(self.tmp, "wb")  # noqa: SIM115 (lives until finish/abort, not a block)
-                self._sink = gzip.GzipFile(fileobj=self._raw, mode="wb", compresslevel=1, mtime=0) \
-                    if fmt == "jsonl.gz" else self._raw
         except OSError as exc:
             self._fail(exc)
 
@@ -69,27 +94,30 @@ class ShardWriter:
                             "command to continue after the last complete shard)") from exc
 
     def add(self, ids: Sequence[str], vectors: SparseVectors) -> None:
+        if self.fmt == "parquet":
+            self._write(len(ids), vectors.nnz, lambda: self._sink.write_batch(self._record_batch(ids, vectors)))
+        else:
+            self.add_serialized(serialize(ids, vectors, self.vocab, self.fmt), len(ids), vectors.nnz)
+
+    def add_serialized(self, data: bytes, docs: int, nonzeros: int) -> None:
+        """Append bytes made by `serialize` (possibly in another process) for `docs` documents."""
+        self._write(docs, nonzeros, lambda: self._raw.write(data))
+
+    def _write(self, docs: int, nonzeros: int, action) -> None:
         if not self._open:
             raise LsrIndexError(f"{self.path}: the shard writer is closed")
         try:
-            if self.fmt == "parquet":
-                offsets = pa.array(vectors.indptr.astype(np.int32))
-                terms = pa.ListArray.from_arrays(offsets, self._arrow_vocab.take(pa.array(vectors.terms)))
-                weights = pa.ListArray.from_arrays(offsets, pa.array(vectors.weights, pa.int32()))
-                self._sink.write_batch(pa.record_batch([pa.array(ids, pa.string()), terms, weights],
-                                                       schema=PARQUET_SCHEMA))
-            else:
-                words = self.vocab[vectors.terms].tolist()
-                weights = vectors.weights.tolist()
-                bounds = vectors.indptr.tolist()
-                self._sink.write(b"".join(
-                    orjson.dumps({"id": doc_id, "contents": "",
-                                  "vector": dict(zip(words[lo:hi], weights[lo:hi]))}) + b"\n"
-                    for doc_id, lo, hi in zip(ids, bounds[:-1], bounds[1:])))
+            action()
         except OSError as exc:
             self._fail(exc)
-        self.docs += len(ids)
-        self.nonzeros += vectors.nnz
+        self.docs += docs
+        self.nonzeros += nonzeros
+
+    def _record_batch(self, ids: Sequence[str], vectors: SparseVectors) -> pa.RecordBatch:
+        offsets = pa.array(vectors.indptr.astype(np.int32))
+        terms = pa.ListArray.from_arrays(offsets, self._arrow_vocab.take(pa.array(vectors.terms)))
+        weights = pa.ListArray.from_arrays(offsets, pa.array(vectors.weights, pa.int32()))
+        return pa.record_batch([pa.array(ids, pa.string()), terms, weights], schema=PARQUET_SCHEMA)
 
     def _close(self) -> None:
         self._open = False
