@@ -296,10 +296,14 @@ def main() -> None:
         small = work / "synthetic-32k.jsonl"
         small_texts = synthetic_corpus(small, 32768 // scale, words, seed=1)
         compare("synthetic", "xlmr-base", xlmr, small, small_texts, n_peers=4096 // scale)
-    if "multi" in sections and torch.cuda.device_count() >= 2:
+    if "multi" in sections and torch.cuda.device_count() >= 2:  # long enough that start-up is amortized
         devices = tuple(f"cuda:{i}" for i in range(torch.cuda.device_count()))
-        record("synthetic", "bert-base", f"lsr-index x{len(devices)} GPUs",
-               run_lsr_index(bert, synthetic, work / "out", devices, dtype_name, max_tokens))
+        large = work / "synthetic-512k.jsonl"
+        synthetic_corpus(large, 524288 // scale, words, seed=3)
+        run_lsr_index(bert, synthetic, work / "warm", (device,), dtype_name, max_tokens)
+        for used in ((device,), devices):
+            record("512k docs", "bert-base", f"lsr-index x{len(used)} GPU (file → shards)",
+                   run_lsr_index(bert, large, work / "out", used, dtype_name, max_tokens))
     if "million" in sections:
         million = work / "million.jsonl"
         synthetic_corpus(million, 1_000_000 // scale, words, seed=2)
