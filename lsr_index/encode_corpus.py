@@ -315,7 +315,8 @@ def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], done: froz
                  on_shard: Callable[[Shard], None], on_progress: Callable[[int, int], None]) -> list[WorkerResult]:
     context = mp.get_context("spawn")  # CUDA cannot be forked
     messages = context.Queue()
-    procs = [context.Process(target=_worker_main, args=(job, out, d, w, len(devices), done, messages), daemon=True)
+    # not daemonic: a worker starts its own serializer pool; the finally below ends them on any failure
+    procs = [context.Process(target=_worker_main, args=(job, out, d, w, len(devices), done, messages))
              for w, d in enumerate(devices)]
     for p in procs:
         p.start()
