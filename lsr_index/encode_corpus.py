@@ -163,6 +163,8 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
     from .models import load_model
 
     options = job.options
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)  # Triton launches on the current device, not the tensors'
     model = load_model(job.model, device=device, dtype=getattr(torch, job.dtype))
     check_vocab(model.vocab)
     encoder = SpladeEncoder(model, max_tokens=options.max_tokens, backend=options.backend)
