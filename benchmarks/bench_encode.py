@@ -212,7 +212,7 @@ def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, 
     from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 
     job = EncodeJob(inputs=(str(corpus),), model=str(model_dir), dtype=dtype,
-                    options=EncodeOptions(max_tokens=max_tokens, shard_docs=500_000, overwrite=True, progress=False))
+                    options=EncodeOptions(max_tokens=max_tokens, shard_docs=32768, overwrite=True, progress=False))
     reset_peak(devices[0])
     memory = HostMemory() if track_memory else None
     t0 = time.perf_counter()
