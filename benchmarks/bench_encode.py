@@ -237,7 +237,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", type=Path, required=True, help="directory with a BERT tokenizer.json")
     parser.add_argument("--scifact", type=Path, help="BEIR SciFact directory (corpus.jsonl) for the real-text rows")
-    parser.add_argument("--sections", default="bert,real,xlmr", help="comma list of bert, real, xlmr, million, multi")
+    parser.add_argument("--sections", default="bert,real,xlmr",
+                        help="comma list of bert, real, xlmr, million, multi, cpu (splade-tiny on SciFact)")
     parser.add_argument("--smoke", action="store_true", help="tiny models and corpora: check the script on a CPU")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args()
@@ -268,7 +269,7 @@ def main() -> None:
               f"peak GPU {row.get('peak_gpu_gb')} GB", flush=True)
 
     def compare(workload: str, model: str, model_dir: Path, corpus: Path, texts: list[str], peers: bool = True,
-                st_batches: tuple[int, ...] = (64, 256), n_peers: int = n_peer) -> None:
+                st_batches: tuple[int, ...] = (64, 256), n_peers: int = n_peer, plain_batch: int = 256) -> None:
         run_lsr_index(model_dir, corpus, work / "warm", (device,), dtype_name, max_tokens)  # autotune, caches
         record(workload, model, "lsr-index (file → shards)",
                run_lsr_index(model_dir, corpus, work / "out", (device,), dtype_name, max_tokens))
@@ -278,8 +279,8 @@ def main() -> None:
             for b in st_batches:
                 record(workload, model, f"sentence-transformers b{b}",
                        run_sentence_transformers(model_dir, texts[:n_peers], b, device, dtype))
-            record(workload, model, "transformers sorted eager b256", run_plain(model_dir, texts[:n_peers], 256,
-                                                                               device, dtype))
+            record(workload, model, f"transformers sorted eager b{plain_batch}",
+                   run_plain(model_dir, texts[:n_peers], plain_batch, device, dtype))
 
     synthetic = work / "synthetic.jsonl"
     texts = synthetic_corpus(synthetic, n_lsr, words)
@@ -304,6 +305,17 @@ def main() -> None:
         for used in ((device,), devices):
             record("512k docs", "bert-base", f"lsr-index x{len(used)} GPU (file → shards)",
                    run_lsr_index(bert, large, work / "out", used, dtype_name, max_tokens))
+    if "cpu" in sections and args.scifact:  # the real embedded model on real text, for CPU-only machines
+        from lsr_index.models import resolve_model
+
+        tiny = resolve_model("splade-tiny")
+        sample = work / "scifact-1k.jsonl"
+        sample_texts = real_corpus(sample, args.scifact, 1)[:1024 // scale]
+        with open(sample) as f:
+            lines = f.readlines()[:len(sample_texts)]
+        sample.write_text("".join(lines))
+        compare("scifact 1k", "splade-tiny", tiny, sample, sample_texts, st_batches=(32,), n_peers=len(sample_texts),
+                plain_batch=32)
     if "million" in sections:
         million = work / "million.jsonl"
         synthetic_corpus(million, 1_000_000 // scale, words, seed=2)
