@@ -235,13 +235,20 @@ def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokenizer", type=Path, required=True, help="directory with a BERT tokenizer.json")
+    parser.add_argument("--tokenizer", type=Path, help="directory with a BERT tokenizer.json (required to measure)")
     parser.add_argument("--scifact", type=Path, help="BEIR SciFact directory (corpus.jsonl) for the real-text rows")
     parser.add_argument("--sections", default="bert,real,xlmr",
                         help="comma list of bert, real, xlmr, million, multi, cpu (splade-tiny on SciFact)")
     parser.add_argument("--smoke", action="store_true", help="tiny models and corpora: check the script on a CPU")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    parser.add_argument("--replot", type=Path, help="only redraw the PNG of an existing results JSON")
     args = parser.parse_args()
+    if args.replot:
+        saved = json.loads(args.replot.read_text())
+        plot(saved["rows"], saved["meta"], args.replot.with_suffix(".png"))
+        return
+    if args.tokenizer is None:
+        parser.error("--tokenizer is required to measure")
     sections = set(args.sections.split(","))
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     gpu = torch.cuda.get_device_name(0) if device != "cpu" else platform.processor() or "cpu"
@@ -339,6 +346,7 @@ def save(rows: list[dict], meta: dict, out: Path, name: str) -> None:
 
 
 def plot(rows: list[dict], meta: dict, path: Path) -> None:
+    """Bars from zero, one panel per (workload, model); redraw from a results file with --replot."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -351,8 +359,8 @@ def plot(rows: list[dict], meta: dict, path: Path) -> None:
         sub = [r for r in rows if (r["workload"], r["model"]) == (workload, model)]
         ax.barh([r["system"] for r in sub], [r["docs_per_second"] for r in sub],
                 color=["tab:red" if r["system"].startswith("lsr-index") else "tab:gray" for r in sub])
-        ax.set_xscale("log")
-        ax.set_xlabel("documents / s (log)")
+        ax.set_xlim(0, 1.25 * max(r["docs_per_second"] for r in sub))
+        ax.set_xlabel("documents / s")
         ax.set_title(f"{model}, {workload}")
         for i, r in enumerate(sub):
             ax.text(r["docs_per_second"], i, f" {r['docs_per_second']:,.0f}", va="center", fontsize=8)
