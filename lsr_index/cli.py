@@ -50,10 +50,22 @@ def _devices(spec: str) -> tuple[str, ...]:
     if spec == "auto":
         count = torch.cuda.device_count()
         return tuple(f"cuda:{i}" for i in range(count)) if count else ("cpu",)
-    devices = tuple(d.strip() for d in spec.split(",") if d.strip())
-    if any(d.startswith("cuda") for d in devices) and not torch.cuda.is_available():
-        raise LsrIndexError(f"--device {spec} asks for CUDA but no CUDA GPU is visible")
-    return devices or ("cpu",)
+    devices = []
+    for name in (d.strip() for d in spec.split(",") if d.strip()):
+        try:
+            device = torch.device(name)
+        except RuntimeError:
+            raise LsrIndexError(f"--device {name!r}: not a device (use auto, cpu, cuda or cuda:N)") from None
+        if device.type == "cuda":
+            count = torch.cuda.device_count()
+            if count == 0 or (device.index or 0) >= count:
+                raise LsrIndexError(f"--device {name}: {count} CUDA GPU(s) visible")
+            devices.append(f"cuda:{device.index or 0}")
+        elif device.type == "cpu":
+            devices.append("cpu")
+        else:
+            raise LsrIndexError(f"--device {name}: only cpu and cuda devices are supported")
+    return tuple(devices) or ("cpu",)
 
 
 def _dtype(name: str, gpu: bool) -> str:
@@ -117,7 +129,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
            **options) -> None:
     """Encode a corpus (JSONL/.jsonl.gz/Arrow/Parquet files, directories or globs) into impact vectors.
 
-    A rerun with the same inputs and settings continues after the last complete shard.
+    A rerun with the same inputs and settings encodes only the shards not yet complete.
     """
     from .corpus import Fields
     from .encode_corpus import EncodeJob, EncodeOptions, encode_corpus
@@ -194,7 +206,8 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
     from .topics import read_qrels, read_queries
 
     index = index or ctx.obj["workdir"] / "index"
-    run_path = run_path or ctx.obj["workdir"] / "runs" / f"{queries.name.split('.')[0]}.{run_format}"
+    stem = queries.name.removesuffix(".gz").rsplit(".", 1)[0]
+    run_path = run_path or ctx.obj["workdir"] / "runs" / f"{stem}.{run_format}"
     topics = read_queries(queries)
     judged = read_qrels(qrels) if qrels else None
     t0 = time.perf_counter()
@@ -212,7 +225,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
               help="Relevance judgments (TREC 'qid 0 docid rel' or BEIR TSV).")
 @friendly_errors
 def evaluate(run_path: Path, qrels: Path) -> None:
-    """Score a run: nDCG@10, MRR@10, R@100, R@1000, MAP."""
+    """Score a run: nDCG@10, RR@10 (MRR@10), R@100, R@1000, AP@1000 (MAP)."""
     from .search import read_run
     from .topics import read_qrels
 
@@ -223,6 +236,10 @@ def _print_metrics(run, qrels) -> None:
     from .evaluate import evaluate as score
     from .evaluate import format_metrics
 
+    missing = sum(1 for qid in qrels if not run.get(qid))
+    if missing:
+        click.echo(f"note: {missing} of {len(qrels)} judged queries have no results in the run; they score 0",
+                   err=True)
     click.echo(format_metrics(score(run, qrels)))
 
 

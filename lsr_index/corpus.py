@@ -16,6 +16,7 @@ import zlib
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
+from hashlib import blake2b
 from pathlib import Path
 from typing import Any, Literal
 
@@ -130,7 +131,8 @@ class CorpusReader:
             for where, record in self._records(path):
                 try:
                     doc_id, text = self._document(record)
-                    key = hash(doc_id)
+                    # a 64-bit blake2b digest, not hash(): the same in every process (workers, resumed runs)
+                    key = int.from_bytes(blake2b(doc_id.encode(), digest_size=8).digest(), "little")
                     if key in seen:
                         raise _Bad(
                             f"duplicate id {doc_id!r}: an earlier record has it",

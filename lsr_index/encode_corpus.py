@@ -221,6 +221,8 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
 
 def _worker_main(job, out, device, worker, workers, done, messages) -> None:
     """Process entry point: everything goes back to the parent as messages."""
+    parent = mp.parent_process()  # a worker must not outlive its parent and write beside a rerun
+    threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
     try:
         result = _encode_shards(job, out, device, worker, workers, done,
                                 emit=lambda shard: messages.put(("shard", shard)),
@@ -234,7 +236,8 @@ def _worker_main(job, out, device, worker, workers, done, messages) -> None:
 
 def _describe_input(job: EncodeJob) -> dict:
     reader = job.reader()
-    return {"files": [{"name": str(p), "bytes": p.stat().st_size} for p in reader.files],
+    files = [(p.resolve(), p.stat()) for p in reader.files]  # an edited input must not resume stale vectors
+    return {"files": [{"path": str(p), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns} for p, st in files],
             "fields": {"id": reader.fields.id, "text": list(reader.fields.text or []) or None},
             "on_error": job.on_error}
 
@@ -248,18 +251,21 @@ def _open_output(out: Path, fresh: Manifest, overwrite: bool) -> Manifest:
             raise LsrIndexError(f"{out} exists and is not an lsr-index output; choose another directory "
                                 "or pass --overwrite")
         return fresh
-    old = Manifest.load(out)
-    if overwrite:
+    if overwrite:  # even over a damaged manifest: delete every shard file, listed or not
         fresh.save(out)  # first: a kill below must not leave a complete manifest over deleted shards
-        for shard in old.shards:
-            (out / shard.file).unlink(missing_ok=True)
+        for stale in (out / SHARDS).glob("part-*"):
+            stale.unlink()
+        return fresh
+    old = Manifest.load(out)
+    if not old.shards:  # nothing encoded yet (e.g. the first run stopped at a bad record): start afresh
         return fresh
     if old.complete:
         raise LsrIndexError(f"{out} already holds a complete encoding ({old.docs} documents); "
                             "pass --overwrite to replace it")
     if old.fingerprint() != fresh.fingerprint():
-        raise LsrIndexError(f"{out} holds a partial encoding made with other inputs or settings; "
-                            "pass --overwrite to start over")
+        changed = sorted(k for k, v in old.fingerprint().items() if fresh.fingerprint()[k] != v)
+        raise LsrIndexError(f"{out} holds a partial encoding made with other {', '.join(changed)} (an input file "
+                            "changed, or another setting); pass --overwrite to start over")
     return old
 
 
@@ -267,16 +273,21 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
     """Encode `job` into `out`, resuming whatever an earlier run left; one worker per device."""
     from tqdm import tqdm
 
-    from .models import EMBEDDED, resolve_model, weights_sha256
+    from .models import EMBEDDED, max_length, resolve_model, weights_sha256
 
     options = job.options
     model_path = resolve_model(job.model)
+    limit = max_length(model_path)
+    if limit and max(options.doc_max_length, options.query_max_length) > limit:
+        raise LsrIndexError(f"model {job.model} takes at most {limit} tokens; lower --doc-max-length "
+                            f"({options.doc_max_length}) or --query-max-length ({options.query_max_length})")
     fresh = Manifest(
         model={"name": job.model if job.model in EMBEDDED else str(model_path.resolve()),
                "sha256": weights_sha256(model_path)},
         encoder={"doc_max_length": options.doc_max_length, "query_max_length": options.query_max_length,
                  "dtype": job.dtype, "backend": options.backend},
-        quantization=options.quantization.to_dict(), input=_describe_input(job), output_format=options.output_format)
+        quantization=options.quantization.to_dict(), input=_describe_input(job), output_format=options.output_format,
+        shard_docs=options.shard_docs)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out):
         manifest = _open_output(out, fresh, options.overwrite)
@@ -325,11 +336,11 @@ def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], done: froz
     results: list[WorkerResult] = []
     try:
         while len(results) < len(procs):
+            if any(p.exitcode not in (None, 0) for p in procs):
+                raise LsrIndexError("an encoding worker died; rerun the same command to resume")
             try:
                 kind, body = messages.get(timeout=1.0)
             except queue.Empty:
-                if any(p.exitcode not in (None, 0) for p in procs):
-                    raise LsrIndexError("an encoding worker died; rerun to resume") from None
                 continue
             if kind == "shard":
                 on_shard(body)
@@ -350,15 +361,12 @@ def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], done: froz
 def _finish(out: Path, manifest: Manifest, results: list[WorkerResult], resumed_at: int,
             seconds: float) -> Manifest:
     total = results[0].total_docs
-    if total == 0:
-        raise LsrIndexError("the corpus yielded no documents to encode")
-    expected, shard_docs = 0, None
+    expected = 0
     for shard in manifest.shards:  # the shards must tile [0, total) exactly
         if shard.start != expected:
             raise LsrIndexError(f"{out}: shards do not cover documents {expected}..{shard.start - 1}; "
                                 "rerun to resume, or --overwrite")
         expected += shard.docs
-        shard_docs = shard_docs or shard.docs
     if expected != total:
         raise LsrIndexError(f"{out}: shards hold {expected} documents but the input has {total}; the input changed "
                             "since the first run? Use --overwrite")

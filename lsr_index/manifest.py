@@ -2,7 +2,7 @@
 
 Every stage reads its input's manifest instead of trusting file names: `build` indexes only the shards
 listed (with matching checksums), `search` encodes queries with the model and quantization recorded,
-and a rerun of `encode` resumes after the last shard recorded.
+and a rerun of `encode` encodes only the shards not recorded yet.
 """
 
 from __future__ import annotations
@@ -134,11 +134,12 @@ class Shard:
 
 @dataclass
 class Manifest:
-    model: dict  # name, sha256, vocab_size
+    model: dict  # name, sha256
     encoder: dict  # max lengths, backend, dtype
     quantization: dict
-    input: dict  # files (name, bytes), fields, on_error
+    input: dict  # files (path, bytes, mtime_ns), fields, on_error
     output_format: str
+    shard_docs: int = 0  # documents per shard: shard k holds [k·shard_docs, (k+1)·shard_docs)
     shards: list[Shard] = field(default_factory=list)
     complete: bool = False
     skipped: int = 0
@@ -157,7 +158,8 @@ class Manifest:
     def fingerprint(self) -> dict:
         """What must match for a rerun to continue this output rather than start over."""
         return {"model": self.model, "encoder": {k: v for k, v in self.encoder.items() if k != "backend"},
-                "quantization": self.quantization, "input": self.input, "output_format": self.output_format}
+                "quantization": self.quantization, "input": self.input, "output_format": self.output_format,
+                "shard_docs": self.shard_docs}
 
     def to_json(self) -> bytes:
         body = asdict(self)

@@ -112,6 +112,23 @@ def resolve_model(name_or_path: str) -> Path:
                             f"({type(exc).__name__}); pass a local directory instead") from exc
 
 
+def max_length(path: Path) -> int | None:
+    """The longest input the model takes (position embeddings), read from its files without loading it."""
+    import json
+
+    try:
+        tok = json.loads((path / "tokenizer_config.json").read_text()).get("model_max_length")
+        if isinstance(tok, int) and tok < 10**6:
+            return tok
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    positions = config.get("max_position_embeddings")
+    if not isinstance(positions, int):
+        return None
+    return positions - 2 if config.get("model_type") in ("roberta", "xlm-roberta", "camembert") else positions
+
+
 @dataclass
 class SpladeModel:
     """A masked-LM split at the decoder: the backbone+transform gives hidden states, the head is (W, b).

@@ -1,0 +1,93 @@
+"""Resume safety found by review: settings that change shard layout, orphaned workers, stuck directories."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
+LSR = [sys.executable, "-m", "lsr_index", "--quiet"]
+
+
+def lsr(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*LSR, *args], capture_output=True, text=True)
+
+
+def _shards(out: Path) -> int:
+    try:
+        return len(json.loads((out / "manifest.json").read_text())["shards"])
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return 0
+
+
+def _kill_after_first_shard(cmd: list[str], out: Path) -> subprocess.Popen:
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 180
+    while time.time() < deadline and proc.poll() is None and _shards(out) < 1:
+        time.sleep(0.02)
+    return proc
+
+
+def test_resume_with_another_shard_size_is_refused(tmp_path):
+    out = tmp_path / "v"
+    cmd = [*LSR, "encode", str(SAMPLE), "-o", str(out), "--shard-docs", "20", "--doc-max-length", "128",
+           "--format", "jsonl"]
+    proc = _kill_after_first_shard(cmd, out)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    again = lsr("encode", str(SAMPLE), "-o", str(out), "--shard-docs", "50", "--format", "jsonl",
+                "--doc-max-length", "128")
+    if _shards(out) < 20:  # the first run was really cut short
+        assert again.returncode == 1 and "shard_docs" in again.stderr, again.stderr
+
+
+def test_workers_die_with_a_killed_parent(tmp_path):
+    """Orphaned workers would go on writing shards nobody records, beside a rerun that takes the lock."""
+    out = tmp_path / "v"
+    cmd = [*LSR, "encode", str(SAMPLE), "-o", str(out), "--device", "cpu,cpu", "--shard-docs", "20",
+           "--doc-max-length", "128", "--format", "jsonl"]
+    proc = _kill_after_first_shard(cmd, out)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    at_kill = len(list((out / "shards").glob("part-*")))
+    time.sleep(6)  # without the parent watch, the orphans write the ~15 remaining shards in this time
+    later = len(list((out / "shards").glob("part-*")))
+    assert at_kill < 20 and later <= at_kill + 2, (at_kill, later)  # at most the shards already being renamed
+    done = lsr("encode", str(SAMPLE), "-o", str(out), "--device", "cpu,cpu", "--shard-docs", "20",
+               "--doc-max-length", "128", "--format", "jsonl")
+    assert done.returncode == 0, done.stderr
+
+
+def test_overwrite_recovers_a_damaged_manifest(tmp_path):
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "shards").mkdir()
+    (out / "shards" / "part-00000.jsonl").write_text("stale\n")
+    (out / "manifest.json").write_text("{garbage")
+    refused = lsr("encode", str(SAMPLE), "-o", str(out), "--doc-max-length", "32")
+    assert refused.returncode == 1 and "manifest" in refused.stderr
+    done = lsr("encode", str(SAMPLE), "-o", str(out), "--doc-max-length", "32", "--overwrite", "--format", "jsonl")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "manifest.json").read_text())["docs"] == 400
+
+
+def test_fixing_the_input_after_a_first_failed_record_just_works(tmp_path):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "a", "text": "fine"}\n{"id": "b"}\n')
+    first = lsr("encode", str(corpus), "-o", str(tmp_path / "v"))
+    assert first.returncode == 1 and "c.jsonl:2" in first.stderr
+    corpus.write_text('{"id": "a", "text": "fine"}\n{"id": "b", "text": "fixed"}\n')
+    fixed = lsr("encode", str(corpus), "-o", str(tmp_path / "v"))
+    assert fixed.returncode == 0, fixed.stderr
+
+
+def test_lengths_past_the_model_and_unknown_devices_are_clear_errors(tmp_path):
+    too_long = lsr("encode", str(SAMPLE), "-o", str(tmp_path / "v"), "--doc-max-length", "1024")
+    assert too_long.returncode == 1 and "at most 512 tokens" in too_long.stderr and "Traceback" not in too_long.stderr
+    bad_device = lsr("encode", str(SAMPLE), "-o", str(tmp_path / "w"), "--device", "gpu")
+    assert bad_device.returncode == 1 and "--device" in bad_device.stderr and "Traceback" not in bad_device.stderr
