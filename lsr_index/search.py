@@ -66,7 +66,7 @@ def write_run(path: Path, run: Run, fmt: str = "trec", tag: str = "lsr-index") -
 
 
 def read_run(path: Path) -> Run:
-    """A TREC run file (qid Q0 docid rank score tag), for `lsr-index eval`."""
+    """A run file as `search` writes it: TREC (qid Q0 docid rank score tag) or MS MARCO (qid docid rank)."""
     run: Run = {}
     try:
         text = path.read_text(encoding="utf-8")
@@ -76,10 +76,13 @@ def read_run(path: Path) -> Run:
         cols = line.split()
         if not cols:
             continue
-        if len(cols) != 6:
-            raise LsrIndexError(f"{path}:{number}: expected 6 columns 'qid Q0 docid rank score tag', got {len(cols)}")
-        try:
-            run.setdefault(cols[0], []).append((cols[2], float(cols[4])))
+        if len(cols) not in (6, 3):
+            raise LsrIndexError(f"{path}:{number}: expected 'qid Q0 docid rank score tag' (TREC) or "
+                                f"'qid docid rank' (MS MARCO), got {len(cols)} columns")
+        try:  # MS MARCO runs carry ranks only: rank r scores -r, which keeps the order
+            score = float(cols[4]) if len(cols) == 6 else -float(cols[2])
         except ValueError:
-            raise LsrIndexError(f"{path}:{number}: score {cols[4]!r} is not a number") from None
+            raise LsrIndexError(f"{path}:{number}: {'score' if len(cols) == 6 else 'rank'} is not a number") \
+                from None
+        run.setdefault(cols[0], []).append((cols[2] if len(cols) == 6 else cols[1], score))
     return run

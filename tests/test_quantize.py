@@ -47,3 +47,4 @@ def test_stack_restores_input_order():
     parts = [(order[i:i + 4], quantize(torch.from_numpy(w[order[i:i + 4]]), Quantization()))
              for i in range(0, 11, 4)]
     assert _as_dicts(SparseVectors.stack(parts, 11)) == _as_dicts(quantize(torch.from_numpy(w), Quantization()))
+
