@@ -1,19 +1,22 @@
 """Sparton: the SPLADE head w[b, v] = log1p(relu(max_s H[b, s]·W[v] + bias[v])) as one fused Triton kernel.
 
 Why: the usual head materialises the logits [B, L, V] (4 GB in fp32 at B=128, L=256, V=30,522) only to reduce
-them over L. Here each program computes one [BLOCK_V, BLOCK_L] logits tile in registers (a GEMM tile:
-M = vocab, N = tokens, K = hidden), max-reduces it over its tokens per document and writes [BLOCK_V] slices of
-the output.
+them over L. Here a [BLOCK_V, BLOCK_L] logits tile lives in registers (a GEMM tile: M = vocab, N = tokens,
+K = hidden), is max-reduced over its tokens per document, and only [BLOCK_V] slices of the output are written.
 Memory: output [B, V] fp32 = 4·B·V bytes plus 4 bytes per token of document ids; no [B, L, V] intermediate.
 bias is constant over s and log1p∘relu is monotone, so the max runs on raw logits and bias, relu and log1p are
 applied once per (document, tile); the same monotonicity lets documents cut by a tile edge be combined with an
 atomic max of the finished values into the zero-filled output (0 = log1p(relu(-inf)), the value of a document
 without a kept token).
 
+Speed (Hopper): operands arrive by TMA; the grid is persistent (a program per SM walks the tiles), so the loads
+of the next tile overlap the end of the current one, which matters because K = 768 gives a tile only 12 MMA steps.
+
 Padded and packed inputs share the kernel body: the token rows form one stream [T, H] with a non-decreasing
 document id per row, cut into BLOCK_L-row chunks regardless of document boundaries, so short packed documents
-waste no MMA columns. Packed: the stream is hidden itself. Padded: hidden viewed as [B·L, H], with the mask
-loaded per row (any mask, prefix or not); chunks holding padding only return before their matmul.
+waste no MMA columns. Packed: the stream is hidden itself. Padded: hidden viewed as [B·L, H] with the mask loaded
+per row (any mask, prefix or not); padding rows are multiplied and then ignored, so inputs with much padding
+should come packed.
 """
 
 import os
@@ -22,106 +25,113 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 
 @triton.jit
 def _splade_max_kernel(
+    # operands: TMA descriptors (rows past the end of either tensor load as zeros)
+    tokens_desc,  # [T, H] token rows of all documents back to back (fp16 / bf16 / fp32), block [BLOCK_L, BLOCK_K]
+    weight_desc,  # [V, H] decoder weight, same dtype, block [BLOCK_V, BLOCK_K]
     # pointers
-    tokens_ptr,  # [T, H] token rows of all documents back to back (fp16 / bf16 / fp32), unit stride along H
-    weight_ptr,  # [V, H] decoder weight, same dtype, unit stride along H
     bias_ptr,  # [V] decoder bias, or None
     keep_ptr,  # [T] keep flags (the padded input's mask), or None: every row counts (packed input)
     doc_ptr,  # [T] int32 document of each row, non-decreasing
     out_ptr,  # [B, V] fp32, zero-filled by the launcher
     # strides, in elements
-    stride_tok,
-    stride_w,
     stride_out,
     # sizes
     T,
     V,
     H: tl.constexpr,
-    # autotuning keys only: typical document length and number of rows, rounded up to powers of two
+    # autotuning keys only: typical document length (a power of two) and whether the call fills the GPU
     LEN_KEY,
     ROWS_KEY,
     # meta-parameters
-    BLOCK_V: tl.constexpr,  # vocabulary rows per program, the MMA's M
-    BLOCK_L: tl.constexpr,  # token rows per program, the MMA's N: a max over N is in-thread + quad shuffles
+    BLOCK_V: tl.constexpr,  # vocabulary rows per tile, the MMA's M
+    BLOCK_L: tl.constexpr,  # token rows per tile, the MMA's N: a max over N is in-thread + quad shuffles
     BLOCK_K: tl.constexpr,  # hidden slice per step; divides H
     GROUP_L: tl.constexpr,  # token chunks that take turns on one W tile while it is hot in L2
+    OCCUPANCY: tl.constexpr,  # programs per SM in the persistent grid (read by the launcher's grid only)
     DOT_PRECISION: tl.constexpr,  # fp32 inputs: "tf32x3" keeps fp32 accuracy on the tensor cores
 ):
-    # Grouped order: GROUP_L consecutive programs run GROUP_L token chunks against one W tile, the next
-    # GROUP_L the next tile, so a wave of programs touches few chunks and few W tiles and both stay in L2.
-    pid = tl.program_id(0)
+    n_chunks = tl.cdiv(T, BLOCK_L)
     per_group = GROUP_L * tl.cdiv(V, BLOCK_V)
-    first_chunk = (pid // per_group) * GROUP_L
-    group_size = tl.minimum(tl.cdiv(T, BLOCK_L) - first_chunk, GROUP_L)
-    row0 = (first_chunk + (pid % per_group) % group_size) * BLOCK_L
-    vt = (pid % per_group) // group_size
+    n_tiles = n_chunks * tl.cdiv(V, BLOCK_V)
+    offs_l = tl.arange(0, BLOCK_L)
+    # Persistent and flattened: the (tile, K step) nest is software-pipelined as one loop, so the TMA loads of
+    # the next tile are in flight while this one finishes its last MMAs and its epilogue (H is only 768: a
+    # tile is 12 K steps, too few to hide a pipeline fill per tile).
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=True):
+        # Grouped order: GROUP_L consecutive tiles run GROUP_L token chunks against one W tile, the next
+        # GROUP_L the next W tile, so the tiles in flight touch few chunks and few W tiles and both stay in L2.
+        first_chunk = (tile // per_group) * GROUP_L
+        group_size = tl.minimum(n_chunks - first_chunk, GROUP_L)
+        row0 = (first_chunk + (tile % per_group) % group_size) * BLOCK_L
+        v0 = ((tile % per_group) // group_size) * BLOCK_V
+        acc = tl.zeros((BLOCK_V, BLOCK_L), dtype=tl.float32)
+        for k in range(0, H, BLOCK_K):
+            w = weight_desc.load([v0, k])
+            h = tokens_desc.load([row0, k])
+            acc = tl.dot(w, h.T, acc, input_precision=DOT_PRECISION)
 
-    rows = row0 + tl.arange(0, BLOCK_L)
-    in_stream = rows < T
-    live = in_stream
-    if keep_ptr is not None:
-        live = live & (tl.load(keep_ptr + rows, mask=in_stream, other=0) != 0)
-        if tl.max(live.to(tl.int32), axis=0) == 0:  # padding only: nothing to write, the output stays 0
-            return
-
-    offs_v = vt * BLOCK_V + tl.arange(0, BLOCK_V)
-    offs_k = tl.arange(0, BLOCK_K)
-    # Rows past V wrap onto valid ones, so W loads need no mask; their results are never stored.
-    w_ptrs = weight_ptr + (offs_v % V)[:, None] * stride_w + offs_k[None, :]
-    h_ptrs = tokens_ptr + rows.to(tl.int64)[:, None] * stride_tok + offs_k[None, :]
-    tl.static_assert(H % BLOCK_K == 0)
-    acc = tl.zeros((BLOCK_V, BLOCK_L), dtype=tl.float32)
-    for k in range(0, H, BLOCK_K):
-        h = tl.load(h_ptrs + k, mask=in_stream[:, None], other=0.0)
-        acc = tl.dot(tl.load(w_ptrs + k), tl.trans(h), acc, input_precision=DOT_PRECISION)
-
-    # Per-document max over the chunk's columns. A document cut by the chunk's first or last row also gets
-    # tiles from the neighbouring chunk's program: those go in by atomic max, all others by plain stores.
-    doc = tl.load(doc_ptr + rows, mask=in_stream, other=-1)
-    last_row = tl.minimum(row0 + BLOCK_L, T) - 1
-    first_doc = tl.load(doc_ptr + row0)
-    last_doc = tl.load(doc_ptr + last_row)
-    cut_first = (row0 > 0) & (tl.load(doc_ptr + tl.maximum(row0 - 1, 0)) == first_doc)
-    cut_last = (last_row + 1 < T) & (tl.load(doc_ptr + tl.minimum(last_row + 1, T - 1)) == last_doc)
-    v_ok = offs_v < V
-    bias = tl.zeros((BLOCK_V,), dtype=tl.float32)
-    if bias_ptr is not None:
-        bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
-    first_out = out_ptr + first_doc.to(tl.int64) * stride_out + offs_v  # int64: B·V may pass 2**31
-    for d in range(first_doc, last_doc + 1):
-        # Dropped and foreign tokens become -inf, so they never win; relu then maps a lone -inf to 0.
-        peak = tl.max(tl.where((live & (doc == d))[None, :], acc, float("-inf")), axis=1)
-        x = tl.maximum(peak + bias, 0.0)
-        # log1p without libdevice (the interpreter runs it too): log(u)·x/(u-1), u = 1+x, exact to a few ulp.
-        u = 1.0 + x
-        step = u - 1.0
-        w_out = tl.where(step == 0.0, x, tl.log(u) * (x / tl.where(step == 0.0, 1.0, step))) + 0.0  # no -0.0
-        out_ptrs = first_out + (d - first_doc) * stride_out
-        if ((d == first_doc) & cut_first) | ((d == last_doc) & cut_last):
-            # Non-negative floats order like their int32 bit patterns: one relaxed integer atomic per element,
-            # not the float atomic's two ops with GPU-wide fences.
-            int_ptrs = out_ptrs.to(tl.pointer_type(tl.int32))
-            tl.atomic_max(int_ptrs, w_out.to(tl.int32, bitcast=True), mask=v_ok, sem="relaxed")
-        else:
-            tl.store(out_ptrs, w_out, mask=v_ok)
-
-
-def _config(bv: int, bl: int, bk: int, warps: int, stages: int, group: int = 8) -> triton.Config:
-    meta = {"BLOCK_V": bv, "BLOCK_L": bl, "BLOCK_K": bk, "GROUP_L": group}
-    return triton.Config(meta, num_warps=warps, num_stages=stages)
+        # Per-document max over the chunk's columns. A document cut by the chunk's first or last row also gets
+        # tiles from the neighbouring chunk: those go in by atomic max, all others by plain stores.
+        rows = row0 + offs_l
+        live = rows < T
+        if keep_ptr is not None:
+            live = live & (tl.load(keep_ptr + rows, mask=rows < T, other=0) != 0)
+        doc = tl.load(doc_ptr + rows, mask=rows < T, other=-1)
+        last_row = tl.minimum(row0 + BLOCK_L, T) - 1
+        first_doc = tl.load(doc_ptr + row0)
+        last_doc = tl.load(doc_ptr + last_row)
+        cut_first = (row0 > 0) & (tl.load(doc_ptr + tl.maximum(row0 - 1, 0)) == first_doc)
+        cut_last = (last_row + 1 < T) & (tl.load(doc_ptr + tl.minimum(last_row + 1, T - 1)) == last_doc)
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        v_ok = offs_v < V
+        bias = tl.zeros((BLOCK_V,), dtype=tl.float32)
+        if bias_ptr is not None:
+            bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+        first_out = out_ptr + first_doc.to(tl.int64) * stride_out + offs_v  # int64: B·V may pass 2**31
+        for d in range(first_doc, last_doc + 1):
+            # Dropped and foreign tokens become -inf, so they never win; relu then maps a lone -inf to 0.
+            peak = tl.max(tl.where((live & (doc == d))[None, :], acc, float("-inf")), axis=1)
+            x = tl.maximum(peak + bias, 0.0)
+            # log1p without libdevice (the interpreter runs it too): log(u)·x/(u-1), u = 1+x, exact to a few ulp.
+            u = 1.0 + x
+            step = u - 1.0
+            w_out = tl.where(step == 0.0, x, tl.log(u) * (x / tl.where(step == 0.0, 1.0, step))) + 0.0  # no -0.0
+            out_ptrs = first_out + (d - first_doc) * stride_out
+            if ((d == first_doc) & cut_first) | ((d == last_doc) & cut_last):
+                # Non-negative floats order like their int32 bit patterns: one relaxed integer atomic per
+                # element, not the float atomic's two ops with GPU-wide fences.
+                int_ptrs = out_ptrs.to(tl.pointer_type(tl.int32))
+                tl.atomic_max(int_ptrs, w_out.to(tl.int32, bitcast=True), mask=v_ok, sem="relaxed")
+            else:
+                tl.store(out_ptrs, w_out, mask=v_ok)
 
 
-# 16-bit inputs: tiles sized for Hopper's wgmma (M = BLOCK_V ≥ 64 per warpgroup), ≤ 200 KB of shared memory.
-# H100 sweep (benchmarks/NOTES_head.md): 128x128 and 256x64 tiles ran 1.8-2.1x the FLOP floor, these 1.3-1.6x.
+def _set_block_shapes(nargs: dict) -> None:
+    """TMA descriptors carry their box: match it to the config being launched (autotuning tries several)."""
+    nargs["tokens_desc"].block_shape = [nargs["BLOCK_L"], nargs["BLOCK_K"]]
+    nargs["weight_desc"].block_shape = [nargs["BLOCK_V"], nargs["BLOCK_K"]]
+
+
+def _config(bv: int, bl: int, bk: int, warps: int, stages: int, group: int = 8, occupancy: int = 1) -> triton.Config:
+    meta = {"BLOCK_V": bv, "BLOCK_L": bl, "BLOCK_K": bk, "GROUP_L": group, "OCCUPANCY": occupancy}
+    return triton.Config(meta, num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
+
+
+# 16-bit inputs: tiles sized for Hopper's wgmma (M = BLOCK_V ≥ 64 per warpgroup) and TMA, ≤ 200 KB of shared
+# memory (stages × (BLOCK_V + BLOCK_L) × BLOCK_K × 2 bytes = 3 × 384 × 64 × 2 = 144 KB); the fp32 accumulator of a
+# 128×256 tile is 128 KB of registers, the most 8 warps hold without spilling. The H100 sweep
+# (benchmarks/NOTES_head.md) kept three: 128×256 for long documents (one per chunk), 256×128 for short packed ones
+# (fewer documents per chunk, so fewer epilogue passes), and two 4-warp 128×128 programs per SM, whose epilogues
+# overlap each other's MMAs.
 _CONFIGS_16 = [
-    _config(256, 128, 64, 8, 3),
-    _config(256, 128, 64, 8, 3, group=16),
-    _config(128, 256, 64, 8, 3),
-    _config(128, 256, 64, 8, 4),
+    _config(128, 256, 64, 8, 3, group=16),
+    _config(256, 128, 64, 8, 3, group=32),
+    _config(128, 128, 64, 4, 2, group=16, occupancy=2),
 ]
 # fp32 inputs take twice the shared memory per element.
 _CONFIGS_32 = [_config(128, 64, 32, 8, 3), _config(64, 64, 32, 4, 3)]
@@ -129,7 +139,7 @@ _CONFIGS_32 = [_config(128, 64, 32, 8, 3), _config(64, 64, 32, 4, 3)]
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
     """Keep the configs made for this dtype whose BLOCK_K divides H."""
-    family = _CONFIGS_32 if named_args["tokens_ptr"].element_size() == 4 else _CONFIGS_16
+    family = _CONFIGS_32 if named_args["tokens_desc"].base.element_size() == 4 else _CONFIGS_16
     h = named_args["H"]
     kept = [c for c in configs if c in family and h % c.kwargs["BLOCK_K"] == 0]
     if not kept:
@@ -137,15 +147,19 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     return kept
 
 
+# cache_results: the choice is kept on disk (Triton's cache), so a fresh process (each GPU worker of an encode
+# run) does not re-time every config.
 _splade_max_tuned = triton.autotune(
     configs=_CONFIGS_16 + _CONFIGS_32,
     key=["H", "V", "LEN_KEY", "ROWS_KEY"],
     prune_configs_by={"early_config_prune": _prune},
+    cache_results=True,
 )(_splade_max_kernel)
 
-# Under TRITON_INTERPRET=1 (CPU tests): small tiles, so that modest shapes cover several V tiles, chunks that
-# cut documents, several documents per chunk and several K slices.
+# Under TRITON_INTERPRET=1 (CPU tests): small tiles and few programs, so that modest shapes cover several V
+# tiles, several tiles per program, chunks that cut documents, several documents per chunk and several K slices.
 INTERPRETER_CONFIG = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_L": 2}
+INTERPRETER_PROGRAMS = 3
 # Triton decides at decoration time, for its own helpers (tl.cdiv, tl.max) too: TRITON_INTERPRET=1 must be set
 # before triton is first imported.
 INTERPRETED = not isinstance(tl.cdiv, triton.runtime.JITFunction)
@@ -162,6 +176,12 @@ def interpreting() -> bool:
 
 def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _tma_ready(t: Tensor) -> Tensor:
+    """TMA wants a unit inner stride and 16-byte aligned base and row stride; copy the rare input that is not."""
+    aligned = t.stride(-1) == 1 and t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
+    return t if aligned else t.clone(memory_format=torch.contiguous_format)
 
 
 def _launch(
@@ -185,29 +205,32 @@ def _launch(
         raise ValueError(f"sparton: hidden size {hidden} must be a multiple of 16")
     if tokens.device.type == "cpu" and tokens.dtype == torch.bfloat16:
         raise NotImplementedError("sparton: Triton's interpreter multiplies bf16 as raw integers; use fp16")
-    tokens = tokens if tokens.stride(-1) == 1 else tokens.contiguous()
-    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     if out is None:
         out = torch.zeros(n_docs, n_vocab, dtype=torch.float32, device=tokens.device)
     else:
         out.zero_()
     if n_rows == 0 or n_vocab == 0:
         return out
-    args = (tokens, weight, bias, keep, doc, out)
-    args += (tokens.stride(0), weight.stride(0), out.stride(0), n_rows, n_vocab, hidden)
-    # Past 2**17 rows the grid is hundreds of waves and the best tile no longer depends on the size.
-    args += (_pow2(len_hint), min(_pow2(n_rows), 1 << 17))
+    # block shapes are placeholders until the launched config sets them (_set_block_shapes)
+    tokens_desc = TensorDescriptor.from_tensor(_tma_ready(tokens), [16, 16])
+    weight_desc = TensorDescriptor.from_tensor(_tma_ready(weight), [16, 16])
+    cpu = tokens.device.type == "cpu"
+    sms = INTERPRETER_PROGRAMS if cpu else torch.cuda.get_device_properties(tokens.device).multi_processor_count
+    args = (tokens_desc, weight_desc, bias, keep, doc, out, out.stride(0), n_rows, n_vocab, hidden)
+    # Few keys: every new key costs a round of timing (a second or two) in each new process.
+    args += (min(_pow2(len_hint), 512), int(n_rows >= 16384))
     precision = "tf32x3" if tokens.dtype == torch.float32 else "tf32"  # ignored for 16-bit operands
 
     def grid(meta: dict) -> tuple[int]:
-        return (triton.cdiv(n_rows, meta["BLOCK_L"]) * triton.cdiv(n_vocab, meta["BLOCK_V"]),)
+        tiles = triton.cdiv(n_rows, meta["BLOCK_L"]) * triton.cdiv(n_vocab, meta["BLOCK_V"])
+        return (min(sms * meta.get("OCCUPANCY", 1), tiles),)
 
-    if tokens.device.type == "cpu":
-        _splade_max_kernel[grid](*args, DOT_PRECISION=precision, **(config or INTERPRETER_CONFIG))
-    elif config is not None:
-        _splade_max_kernel[grid](*args, DOT_PRECISION=precision, **config)
-    else:
+    if config is None and not cpu:
         _splade_max_tuned[grid](*args, DOT_PRECISION=precision)
+        return out
+    config = {"OCCUPANCY": 1, **(config or INTERPRETER_CONFIG)}
+    _set_block_shapes({"tokens_desc": tokens_desc, "weight_desc": weight_desc, **config})
+    _splade_max_kernel[grid](*args, DOT_PRECISION=precision, **config)
     return out
 
 
