@@ -223,7 +223,7 @@ def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, 
         manifest = encode_corpus(job, out, devices)
     seconds = time.perf_counter() - t0
     result = {"docs": manifest.docs, "seconds": seconds, "peak_gpu_gb": peak_gb(devices[0]),
-              "nonzeros_per_doc": manifest.stats["nonzeros_per_doc"],
+              "nonzeros_per_doc": manifest.stats["nonzeros_per_doc"], "per_worker": manifest.stats["per_worker"],
               "bytes_on_disk": sum((out / s.file).stat().st_size for s in manifest.shards)}
     if memory:
         result["host_rss_mb"] = memory.samples
@@ -240,6 +240,8 @@ def main() -> None:
     parser.add_argument("--sections", default="bert,real,xlmr",
                         help="comma list of bert, real, xlmr, million, multi, cpu (splade-tiny on SciFact)")
     parser.add_argument("--smoke", action="store_true", help="tiny models and corpora: check the script on a CPU")
+    parser.add_argument("--multi-docs", type=int, default=2_000_000,
+                        help="documents for the multi-GPU rows: enough that start-up (~10 s a worker) is amortized")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--replot", type=Path, help="only redraw the PNG of an existing results JSON")
     args = parser.parse_args()
@@ -272,8 +274,10 @@ def main() -> None:
                "docs_per_second": round(result["docs"] / result["seconds"], 1)}
         rows.append(row)
         save(rows, meta, args.out, name)
+        workers = "".join(f" | {w['device']}: start-up {w['startup_seconds']:.1f} s, then "
+                          f"{w['docs_per_second_after_startup']:,.0f} docs/s" for w in row.get("per_worker", []))
         print(f"{workload:>10} {model:>10} {system:<34} {row['docs_per_second']:>10,.0f} docs/s  "
-              f"peak GPU {row.get('peak_gpu_gb')} GB", flush=True)
+              f"peak GPU {row.get('peak_gpu_gb')} GB{workers}", flush=True)
 
     def compare(workload: str, model: str, model_dir: Path, corpus: Path, texts: list[str], peers: bool = True,
                 st_batches: tuple[int, ...] = (64, 256), n_peers: int = n_peer, plain_batch: int = 256) -> None:
@@ -304,13 +308,13 @@ def main() -> None:
         small = work / "synthetic-32k.jsonl"
         small_texts = synthetic_corpus(small, 32768 // scale, words, seed=1)
         compare("synthetic", "xlmr-base", xlmr, small, small_texts, n_peers=4096 // scale)
-    if "multi" in sections and torch.cuda.device_count() >= 2:  # long enough that start-up is amortized
+    if "multi" in sections and torch.cuda.device_count() >= 2:
         devices = tuple(f"cuda:{i}" for i in range(torch.cuda.device_count()))
-        large = work / "synthetic-512k.jsonl"
-        synthetic_corpus(large, 524288 // scale, words, seed=3)
+        large = work / "synthetic-multi.jsonl"
+        synthetic_corpus(large, args.multi_docs // scale, words, seed=3)
         run_lsr_index(bert, synthetic, work / "warm", (device,), dtype_name, max_tokens)
         for used in ((device,), devices):
-            record("512k docs", "bert-base", f"lsr-index x{len(used)} GPU (file → shards)",
+            record(f"{args.multi_docs // scale:,} docs", "bert-base", f"lsr-index x{len(used)} GPU (file → shards)",
                    run_lsr_index(bert, large, work / "out", used, dtype_name, max_tokens))
     if "cpu" in sections and args.scifact:  # the real embedded model on real text, for CPU-only machines
         from lsr_index.models import resolve_model

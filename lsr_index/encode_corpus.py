@@ -73,6 +73,11 @@ class WorkerResult:
     total_docs: int  # documents in the whole stream
     tokens: int
     skipped: list = field(default_factory=list)
+    worker: int = 0
+    device: str = "cpu"
+    docs: int = 0  # documents this worker encoded
+    ready_at: float = 0.0  # time.time() when its first batch started (model loaded, first tokens read)
+    done_at: float = 0.0
 
 
 def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
@@ -163,6 +168,7 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
     from .models import load_model
 
     options = job.options
+    ready_at = 0.0
     if device.startswith("cuda"):
         torch.cuda.set_device(device)  # Triton launches on the current device, not the tensors'
     model = load_model(job.model, device=device, dtype=getattr(torch, job.dtype))
@@ -175,36 +181,28 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
         position = 0
         for batch in reader:
             start, position = position, position + batch.num_rows
-            first, last = start // options.shard_docs, (position - 1) // options.shard_docs
-            keep = [s for s in range(first, last + 1) if mine(s)]
-            if not keep:
-                continue
-            lo = max(start, keep[0] * options.shard_docs) - start
-            hi = min(position, (keep[-1] + 1) * options.shard_docs) - start
-            rows = batch.slice(lo, hi - lo)
-            texts = rows.column("text").to_pylist()
-            yield start + lo, rows.column("id").to_pylist(), encoder.tokenize(texts, options.doc_max_length)
+            for shard in range(start // options.shard_docs, (position - 1) // options.shard_docs + 1):
+                if not mine(shard):  # another worker's: read (to count documents) but not encoded
+                    continue
+                lo = max(start, shard * options.shard_docs) - start
+                hi = min(position, (shard + 1) * options.shard_docs) - start
+                rows = batch.slice(lo, hi - lo)
+                texts = rows.column("text").to_pylist()
+                yield start + lo, rows.column("id").to_pylist(), encoder.tokenize(texts, options.doc_max_length)
 
     cores = max(1, (os.cpu_count() or 1) // (2 * workers))
     sink = _ShardSink(out, job, np.array(model.vocab, dtype=object), emit,
                       serializers=min(8, cores) if device.startswith("cuda") else 0)
     try:
         for start, ids, token_ids in prefetch(tokenized()):
+            ready_at = ready_at or time.time()
             parts = []
             for pos, weights in encoder.encode_ids(token_ids):
                 parts.append((pos, quantize(weights, options.quantization)))
                 progress(len(pos), int(token_ids.lengths[pos].sum()))
             vectors = SparseVectors.stack(parts, len(ids))
-            offset = 0
-            while offset < len(ids):  # split at shard boundaries; skip shards that are not ours
-                shard = (start + offset) // options.shard_docs
-                end = min(len(ids), (shard + 1) * options.shard_docs - start)
-                if mine(shard):
-                    lo, hi = vectors.indptr[offset], vectors.indptr[end]
-                    piece = SparseVectors(vectors.indptr[offset:end + 1] - lo, vectors.terms[lo:hi],
-                                          vectors.weights[lo:hi])
-                    sink.put(shard, ids[offset:end], piece, last=(start + end) % options.shard_docs == 0)
-                offset = end
+            # each item lies in one shard (tokenized() cuts at shard edges); the shard ends with its last document
+            sink.put(start // options.shard_docs, ids, vectors, last=(start + len(ids)) % options.shard_docs == 0)
     except BaseException:
         sink.close(wait=False)
         raise
@@ -216,7 +214,8 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
                  last=True)
     sink.close()
     skipped = [{"file": s.path, "line": s.where, "id": s.doc_id, "reason": s.reason} for s in reader.skipped]
-    return WorkerResult(total_docs=total, tokens=encoder.n_tokens, skipped=skipped)
+    return WorkerResult(total_docs=total, tokens=encoder.n_tokens, skipped=skipped, worker=worker, device=device,
+                        docs=encoder.n_docs, ready_at=ready_at or time.time(), done_at=time.time())
 
 
 def _worker_main(job, out, device, worker, workers, done, messages) -> None:
@@ -298,7 +297,7 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
         manifest.save(out)
         done = frozenset(s.start // options.shard_docs for s in manifest.shards)
         resumed_at = manifest.docs
-        t0 = time.perf_counter()
+        t0, started_at = time.perf_counter(), time.time()
         bar = tqdm(desc="encode", unit=" doc", initial=resumed_at, dynamic_ncols=True,
                    disable=None if options.progress else True)
         tokens = 0
@@ -321,7 +320,7 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
                 results = _run_workers(job, out, devices, done, on_shard, on_progress)
         finally:
             bar.close()
-        return _finish(out, manifest, results, resumed_at, time.perf_counter() - t0)
+        return _finish(out, manifest, results, resumed_at, time.perf_counter() - t0, started_at)
 
 
 def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], done: frozenset[int],
@@ -355,11 +354,11 @@ def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], done: froz
             if p.is_alive() and len(results) < len(procs):
                 p.terminate()
             p.join()
-    return results
+    return sorted(results, key=lambda r: r.worker)
 
 
 def _finish(out: Path, manifest: Manifest, results: list[WorkerResult], resumed_at: int,
-            seconds: float) -> Manifest:
+            seconds: float, started_at: float) -> Manifest:
     total = results[0].total_docs
     expected = 0
     for shard in manifest.shards:  # the shards must tile [0, total) exactly
@@ -380,6 +379,10 @@ def _finish(out: Path, manifest: Manifest, results: list[WorkerResult], resumed_
         "tokens_per_second": round(tokens / max(seconds, 1e-9), 1),
         "nonzeros_per_doc": round(manifest.nonzeros / manifest.docs, 2),
         "peak_host_memory_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        # start-up (process, model load, first read) apart from the encoding rate that follows it
+        "per_worker": [{"device": r.device, "docs": r.docs, "startup_seconds": round(r.ready_at - started_at, 3),
+                        "docs_per_second_after_startup": round(r.docs / max(r.done_at - r.ready_at, 1e-9), 1)}
+                       for r in results],
     }
     manifest.complete = True
     manifest.save(out)

@@ -55,6 +55,7 @@ class SpladeEncoder:
         self.backend = backend
         self.device = model.weight.device
         self.n_tokens = 0  # real (unpadded) tokens encoded so far, for throughput reports
+        self.n_docs = 0
         self._backends: dict[int, object] = {}  # max_length → truncating Rust tokenizer
 
     def tokenize(self, texts: Sequence[str], max_length: int) -> Tokens:
@@ -100,6 +101,7 @@ class SpladeEncoder:
             weights = sparton.splade_max_packed(real, self.model.weight, self.model.bias, cu_seqlens,
                                                 max_seqlen=longest, backend=self.backend)
             self.n_tokens += int(seq_lens.sum())
+            self.n_docs += len(positions)
             yield positions, weights
 
     def encode(self, texts: Sequence[str], max_length: int) -> torch.Tensor:

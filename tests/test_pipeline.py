@@ -126,6 +126,9 @@ def test_two_workers_write_what_one_writes(built, tmp_path):
     split = encode(SAMPLE / "corpus.jsonl", tmp_path / "vectors", devices=("cpu", "cpu"), shard_docs=150,
                    output_format="jsonl")
     assert split.stats["workers"] == 2
+    # 400 documents in shards of 150: worker 0 encodes shards 0 and 2 (150 + 100), worker 1 shard 1
+    assert [(w["device"], w["docs"]) for w in split.stats["per_worker"]] == [("cpu", 250), ("cpu", 150)]
+    assert all(w["startup_seconds"] > 0 and w["docs_per_second_after_startup"] > 0 for w in split.stats["per_worker"])
     assert [(s.file, s.start, s.docs, s.sha256) for s in split.shards] == \
         [(s.file, s.start, s.docs, s.sha256) for s in whole.shards]
 
