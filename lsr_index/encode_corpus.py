@@ -197,8 +197,8 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
         for start, ids, token_ids in prefetch(tokenized()):
             ready_at = ready_at or time.time()
             parts = []
-            for pos, weights in encoder.encode_ids(token_ids):
-                parts.append((pos, quantize(weights, options.quantization)))
+            for pos, vectors in encoder.encode_ids(token_ids, then=lambda w: quantize(w, options.quantization)):
+                parts.append((pos, vectors))
                 progress(len(pos), int(token_ids.lengths[pos].sum()))
             vectors = SparseVectors.stack(parts, len(ids))
             # each item lies in one shard (tokenized() cuts at shard edges); the shard ends with its last document
@@ -221,6 +221,8 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
 def _worker_main(job, out, device, worker, workers, done, messages) -> None:
     """Process entry point: everything goes back to the parent as messages."""
     parent = mp.parent_process()  # a worker must not outlive its parent and write beside a rerun
+    # the Rust tokenizer's thread pool takes every core by default: W workers would oversubscribe them W times
+    os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
     threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
     try:
         result = _encode_shards(job, out, device, worker, workers, done,

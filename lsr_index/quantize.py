@@ -78,11 +78,16 @@ def quantize(weights: torch.Tensor, q: Quantization) -> SparseVectors:
         w = torch.zeros_like(w).scatter_(1, index, values)
     scaled = torch.round(w * q.scale)
     rows, cols = scaled.nonzero(as_tuple=True)  # row-major: terms ascend within each row; NaN counts as nonzero
+    values = scaled[rows, cols]
+    bad = (~torch.isfinite(values) | (values > INT32_MAX)).any()  # checked before the cast wraps
     counts = torch.bincount(rows, minlength=w.shape[0])
-    indptr = np.zeros(w.shape[0] + 1, np.int64)
-    np.cumsum(counts.cpu().numpy(), out=indptr[1:])
-    values = scaled[rows, cols].cpu().numpy()
-    if values.size and not (np.isfinite(values).all() and values.max() <= INT32_MAX):  # checked before the cast wraps
+    # one transfer (one wait) for everything the host needs: [bad, counts (n), terms (nnz), impacts (nnz)]
+    host = torch.cat([bad.view(1).int(), counts.int(), cols.int(),
+                      values.nan_to_num(0.0, posinf=0.0).clamp(max=INT32_MAX).int()]).cpu().numpy()
+    if host[0]:
         raise LsrIndexError("impacts overflow int32, or the weights hold NaN/inf (a bf16 overflow?): lower --scale "
                             "or encode in float32")
-    return SparseVectors(indptr, cols.to(torch.int32).cpu().numpy(), values.astype(np.int32))
+    n, nnz = w.shape[0], len(cols)
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(host[1:1 + n], out=indptr[1:])
+    return SparseVectors(indptr, host[1 + n:1 + n + nnz].copy(), host[1 + n + nnz:].copy())
