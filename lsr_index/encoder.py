@@ -8,7 +8,6 @@ bottleneck: on splade-tiny the head is ~30× the transformer layers' FLOPs).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -117,17 +116,6 @@ class SpladeEncoder:
             weights.record_stream(self._side)  # allocated on the main stream, last used here
             return positions, then(weights)
 
-    def _attention(self) -> AbstractContextManager:
-        """Attention kernels without cuDNN's: warm, on an H100, the memory-efficient kernel ran the BERT-base body
-        as fast (68.0 vs 69.2 ms for 131k tokens; 25.4k vs 24.3k docs/s model-only) and takes any shape without
-        a per-shape plan, while every length bucket is a new (batch, length) shape. (Not yet measured: whether
-        cuDNN's plans are why a first pass over new shapes ran at half the speed of a second, 12.1k vs 25.2k.)"""
-        if self.device.type != "cuda":
-            return nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH])
-
     def _forward(self, tokens: Tokens, positions: np.ndarray) -> torch.Tensor:
         """One length bucket through the body and the head (queued, not waited for, on CUDA)."""
         seq_lens = tokens.lengths[positions]
@@ -144,8 +132,7 @@ class SpladeEncoder:
         if self.device.type == "cuda":
             host = [t.pin_memory() for t in host]
         input_ids, mask, packed, cu_seqlens = (t.to(self.device, non_blocking=True) for t in host)
-        with self._attention():
-            hidden = self.model.body(input_ids=input_ids, attention_mask=mask.long()).logits
+        hidden = self.model.body(input_ids=input_ids, attention_mask=mask.long()).logits
         real = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed)
         weights = sparton.splade_max_packed(real, self.model.weight, self.model.bias, cu_seqlens,
                                             max_seqlen=longest, backend=self.backend)
