@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .errors import LsrIndexError
 from .manifest import MANIFEST, Manifest, atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
-from .writers import read_shard, verify_shards
+from .writers import json_vector_line, read_shard, verify_shards
 
 INDEX_MANIFEST = "lsr-index.json"
 _jvm_heap: str | None = None
@@ -90,13 +90,11 @@ def _stage_input(vectors: Path, manifest: Manifest, staging: Path) -> None:
         if source.name.endswith(".parquet"):
             import gzip
 
-            import orjson
-
             target = staging / (source.stem + ".jsonl.gz")
             try:
                 with gzip.open(target, "wb", compresslevel=1) as f:
                     for doc_id, vector in read_shard(source):
-                        f.write(orjson.dumps({"id": doc_id, "contents": "", "vector": vector}) + b"\n")
+                        f.write(json_vector_line(doc_id, vector))
             except OSError as exc:
                 raise write_error(target, exc, "stage a shard for indexing") from exc
         else:

@@ -36,6 +36,11 @@ def check_vocab(vocab: Sequence[str]) -> None:
                             f"(e.g. {bad[0]!r}) that Lucene cannot index as one term")
 
 
+def json_vector_line(doc_id: str, vector: dict[str, int]) -> bytes:
+    """One Anserini JsonVectorCollection record (the format of jsonl shards and of what `build` indexes)."""
+    return orjson.dumps({"id": doc_id, "contents": "", "vector": vector}) + b"\n"
+
+
 def serialize(ids: Sequence[str], vectors: SparseVectors, vocab: np.ndarray, fmt: str) -> bytes:
     """JsonVectorCollection lines for a chunk of documents; gzipped as one member for .jsonl.gz.
 
@@ -45,8 +50,8 @@ def serialize(ids: Sequence[str], vectors: SparseVectors, vocab: np.ndarray, fmt
     words = vocab[vectors.terms].tolist()
     weights = vectors.weights.tolist()
     bounds = vectors.indptr.tolist()
-    data = b"".join(orjson.dumps({"id": doc_id, "contents": "", "vector": dict(zip(words[lo:hi], weights[lo:hi]))})
-                    + b"\n" for doc_id, lo, hi in zip(ids, bounds[:-1], bounds[1:]))
+    data = b"".join(json_vector_line(doc_id, dict(zip(words[lo:hi], weights[lo:hi])))
+                    for doc_id, lo, hi in zip(ids, bounds[:-1], bounds[1:]))
     return gzip.compress(data, compresslevel=1, mtime=0) if fmt == "jsonl.gz" else data
 
 
