@@ -114,6 +114,26 @@ def test_search_refuses_another_model(built, splade_tiny, tmp_path):
         search(work / "index", [("1", "protein")], model=str(other))
 
 
+def test_parquet_shards_build_the_same_index(built, splade_tiny, tmp_path):
+    """Parquet shards are restaged as JsonVector lines for Anserini: the index must search like the jsonl one."""
+    from lsr_index.lucene import ImpactSearcher, build_index
+    from lsr_index.search import encode_queries, load_query_encoder
+    from lsr_index.topics import read_queries
+
+    work, _, _ = built
+    encode(SAMPLE / "corpus.jsonl", tmp_path / "vectors", shard_docs=150, output_format="parquet")
+    info = build_index(tmp_path / "vectors", tmp_path / "index", threads=2, heap="1g", progress=False)
+    assert info["documents"] == 400
+    encoder, quantization, _ = load_query_encoder(work / "index", None, "cpu", "auto")
+    queries = encode_queries(encoder, quantization, read_queries(SAMPLE / "queries.tsv"), 64)
+    results = []
+    for index in (work / "index", tmp_path / "index"):
+        searcher = ImpactSearcher(index)
+        results.append(searcher.search(queries, hits=25, threads=2))
+        searcher.close()
+    assert results[0] == results[1] and sum(len(hits) for hits in results[0].values()) > 60 * 20
+
+
 def test_encode_refuses_to_overwrite_a_complete_output(built, splade_tiny):
     work, _, _ = built
     with pytest.raises(LsrIndexError, match="--overwrite"):
