@@ -274,7 +274,8 @@ def main() -> None:
                "docs_per_second": round(result["docs"] / result["seconds"], 1)}
         rows.append(row)
         save(rows, meta, args.out, name)
-        workers = "".join(f" | {w['device']}: start-up {w['startup_seconds']:.1f} s, then "
+        workers = "".join(f" | {w['device']}: start-up {w['startup_seconds']:.1f} s (model loaded at "
+                          f"{w['model_loaded_after_seconds']:.1f} s), then "
                           f"{w['docs_per_second_after_startup']:,.0f} docs/s" for w in row.get("per_worker", []))
         print(f"{workload:>10} {model:>10} {system:<34} {row['docs_per_second']:>10,.0f} docs/s  "
               f"peak GPU {row.get('peak_gpu_gb')} GB{workers}", flush=True)

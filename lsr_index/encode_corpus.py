@@ -76,6 +76,7 @@ class WorkerResult:
     worker: int = 0
     device: str = "cpu"
     docs: int = 0  # documents this worker encoded
+    loaded_at: float = 0.0  # time.time() when its model was on the device (process start, imports, load)
     ready_at: float = 0.0  # time.time() when its first batch started (model loaded, first tokens read)
     done_at: float = 0.0
 
@@ -173,6 +174,7 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
         torch.cuda.set_device(device)  # Triton launches on the current device, not the tensors'
     model = load_model(job.model, device=device, dtype=getattr(torch, job.dtype))
     check_vocab(model.vocab)
+    loaded_at = time.time()
     encoder = SpladeEncoder(model, max_tokens=options.max_tokens, backend=options.backend)
     reader = job.reader()
     mine = lambda shard: shard % workers == worker and shard not in done
@@ -215,7 +217,8 @@ def _encode_shards(job: EncodeJob, out: Path, device: str, worker: int, workers:
     sink.close()
     skipped = [{"file": s.path, "line": s.where, "id": s.doc_id, "reason": s.reason} for s in reader.skipped]
     return WorkerResult(total_docs=total, tokens=encoder.n_tokens, skipped=skipped, worker=worker, device=device,
-                        docs=encoder.n_docs, ready_at=ready_at or time.time(), done_at=time.time())
+                        docs=encoder.n_docs, loaded_at=loaded_at, ready_at=ready_at or time.time(),
+                        done_at=time.time())
 
 
 def _worker_main(job, out, device, worker, workers, done, messages) -> None:
@@ -383,6 +386,7 @@ def _finish(out: Path, manifest: Manifest, results: list[WorkerResult], resumed_
         "peak_host_memory_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         # start-up (process, model load, first read) apart from the encoding rate that follows it
         "per_worker": [{"device": r.device, "docs": r.docs, "startup_seconds": round(r.ready_at - started_at, 3),
+                        "model_loaded_after_seconds": round(r.loaded_at - started_at, 3),
                         "docs_per_second_after_startup": round(r.docs / max(r.done_at - r.ready_at, 1e-9), 1)}
                        for r in results],
     }
