@@ -63,7 +63,7 @@ class SpladeEncoder:
         self.backend = backend
         self.device = model.weight.device
         self.n_tokens = 0  # real (unpadded) tokens encoded so far, for throughput reports
-        self.n_docs = 0
+        self.n_docs = 0  # texts encoded so far
         self._backends: dict[int, object] = {}  # max_length → truncating Rust tokenizer
         self._side: torch.cuda.Stream | None = None  # where post-processing runs on CUDA
 

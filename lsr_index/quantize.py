@@ -90,4 +90,4 @@ def quantize(weights: torch.Tensor, q: Quantization) -> SparseVectors:
     n, nnz = w.shape[0], len(cols)
     indptr = np.zeros(n + 1, np.int64)
     np.cumsum(host[1:1 + n], out=indptr[1:])
-    return SparseVectors(indptr, host[1 + n:1 + n + nnz].copy(), host[1 + n + nnz:].copy())
+    return SparseVectors(indptr, host[1 + n:1 + n + nnz], host[1 + n + nnz:])  # views of the one transfer
