@@ -9,8 +9,10 @@ applied once per (document, tile); the same monotonicity lets documents cut by a
 atomic max of the finished values into the zero-filled output (0 = log1p(relu(-inf)), the value of a document
 without a kept token).
 
-Speed (Hopper): operands arrive by TMA; the grid is persistent (a program per SM walks the tiles), so the loads
-of the next tile overlap the end of the current one, which matters because K = 768 gives a tile only 12 MMA steps.
+Speed (Hopper): operands arrive by TMA; the grid is persistent (a program per SM walks the tiles). The epilogue
+is what separates this kernel from a plain GEMM: it streams the tile's columns slab by slab (SLAB columns), so
+a column costs one max unless a document boundary cuts its slab, and a document costs one reduction and one
+write (benchmarks/NOTES_head.md, v5 and v6).
 
 Padded and packed inputs share the kernel body: the token rows form one stream [T, H] with a non-decreasing
 document id per row, cut into BLOCK_L-row chunks regardless of document boundaries, so short packed documents
@@ -37,6 +39,7 @@ def _splade_max_kernel(
     bias_ptr,  # [V] decoder bias, or None
     keep_ptr,  # [T] keep flags (the padded input's mask), or None: every row counts (packed input)
     doc_ptr,  # [T] int32 document of each row, non-decreasing
+    start_ptr,  # [B+1] int32 first row of each document, then T
     out_ptr,  # [B, V] fp32, zero-filled by the launcher
     # strides, in elements
     stride_out,
@@ -52,63 +55,129 @@ def _splade_max_kernel(
     BLOCK_L: tl.constexpr,  # token rows per tile, the MMA's N: a max over N is in-thread + quad shuffles
     BLOCK_K: tl.constexpr,  # hidden slice per step; divides H
     GROUP_L: tl.constexpr,  # token chunks that take turns on one W tile while it is hot in L2
-    OCCUPANCY: tl.constexpr,  # programs per SM in the persistent grid (read by the launcher's grid only)
     DOT_PRECISION: tl.constexpr,  # fp32 inputs: "tf32x3" keeps fp32 accuracy on the tensor cores
+    SLAB: tl.constexpr,  # columns per epilogue slab (a power of two dividing BLOCK_L)
 ):
     n_chunks = tl.cdiv(T, BLOCK_L)
     per_group = GROUP_L * tl.cdiv(V, BLOCK_V)
     n_tiles = n_chunks * tl.cdiv(V, BLOCK_V)
     offs_l = tl.arange(0, BLOCK_L)
-    # Persistent and flattened: the (tile, K step) nest is software-pipelined as one loop, so the TMA loads of
-    # the next tile are in flight while this one finishes its last MMAs and its epilogue (H is only 768: a
-    # tile is 12 K steps, too few to hide a pipeline fill per tile).
-    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=True):
+    # Persistent, not flattened: Triton 3.6 cannot fuse this tile loop with the epilogue's inner loops, and the
+    # flattened v4 gained <= 1% from it.
+    for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         # Grouped order: GROUP_L consecutive tiles run GROUP_L token chunks against one W tile, the next
         # GROUP_L the next W tile, so the tiles in flight touch few chunks and few W tiles and both stay in L2.
         first_chunk = (tile // per_group) * GROUP_L
         group_size = tl.minimum(n_chunks - first_chunk, GROUP_L)
         row0 = (first_chunk + (tile % per_group) % group_size) * BLOCK_L
         v0 = ((tile % per_group) // group_size) * BLOCK_V
+        # The tile's bookkeeping is loaded before its MMAs, so these loads (some dependent on others) are in flight
+        # while the tensor cores work, not a chain of global-memory latencies in the epilogue.
+        rows = row0 + offs_l
+        last_row = tl.minimum(row0 + BLOCK_L, T) - 1
+        first_doc = tl.load(doc_ptr + row0)
+        last_doc = tl.load(doc_ptr + last_row)
+        first_begin = tl.load(start_ptr + first_doc)
+        first_end = tl.load(start_ptr + first_doc + 1)
+        last_end = tl.load(start_ptr + last_doc + 1)
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        v_ok = offs_v < V
+        bias = tl.zeros((BLOCK_V,), dtype=tl.float32)
+        if bias_ptr is not None:
+            bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+        # the document of each slab's last row: how many documents end inside each slab
+        marks = ()
+        for s in tl.static_range(BLOCK_L // SLAB):
+            marks = marks + (tl.load(doc_ptr + tl.minimum(row0 + (s + 1) * SLAB - 1, T - 1)),)
+        if keep_ptr is not None:
+            live = tl.load(keep_ptr + rows, mask=rows < T, other=0) != 0
+
         acc = tl.zeros((BLOCK_V, BLOCK_L), dtype=tl.float32)
         for k in range(0, H, BLOCK_K):
             w = weight_desc.load([v0, k])
             h = tokens_desc.load([row0, k])
             acc = tl.dot(w, h.T, acc, input_precision=DOT_PRECISION)
 
-        # Per-document max over the chunk's columns. A document cut by the chunk's first or last row also gets
-        # tiles from the neighbouring chunk: those go in by atomic max, all others by plain stores.
-        rows = row0 + offs_l
-        live = rows < T
+        # Per-document max over the chunk's columns, streamed slab by slab (SLAB columns each) in one pass: a
+        # slab inside the open document costs one max per element; a slab that document boundaries cut is masked
+        # once per document in it, and each document that ends there is finished and written. (A masked max over
+        # the whole tile per document would cost 2 ops per element per document, and a branch per slab per
+        # document costs more than the arithmetic: the epilogue is latency-bound.)
         if keep_ptr is not None:
-            live = live & (tl.load(keep_ptr + rows, mask=rows < T, other=0) != 0)
-        doc = tl.load(doc_ptr + rows, mask=rows < T, other=-1)
-        last_row = tl.minimum(row0 + BLOCK_L, T) - 1
-        first_doc = tl.load(doc_ptr + row0)
-        last_doc = tl.load(doc_ptr + last_row)
-        cut_first = (row0 > 0) & (tl.load(doc_ptr + tl.maximum(row0 - 1, 0)) == first_doc)
-        cut_last = (last_row + 1 < T) & (tl.load(doc_ptr + tl.minimum(last_row + 1, T - 1)) == last_doc)
-        offs_v = v0 + tl.arange(0, BLOCK_V)
-        v_ok = offs_v < V
-        bias = tl.zeros((BLOCK_V,), dtype=tl.float32)
-        if bias_ptr is not None:
-            bias = tl.load(bias_ptr + offs_v, mask=v_ok, other=0.0).to(tl.float32)
+            acc = tl.where(live[None, :], acc, float("-inf"))
+        slabs = _column_slabs(acc, BLOCK_V, BLOCK_L, SLAB)
+        # A document cut by the chunk's first or last row also gets tiles from the neighbouring chunk: those go in
+        # by atomic max, all others by plain stores.
+        cut_first = first_begin < row0
+        cut_last = last_end > row0 + BLOCK_L
         first_out = out_ptr + first_doc.to(tl.int64) * stride_out + offs_v  # int64: B·V may pass 2**31
-        for d in range(first_doc, last_doc + 1):
-            # Dropped and foreign tokens become -inf, so they never win; relu then maps a lone -inf to 0.
-            peak = tl.max(tl.where((live & (doc == d))[None, :], acc, float("-inf")), axis=1)
-            x = tl.maximum(peak + bias, 0.0)
-            # log1p without libdevice (the interpreter runs it too): log(u)·x/(u-1), u = 1+x, exact to a few ulp.
-            u = 1.0 + x
-            step = u - 1.0
-            w_out = tl.where(step == 0.0, x, tl.log(u) * (x / tl.where(step == 0.0, 1.0, step))) + 0.0  # no -0.0
-            out_ptrs = first_out + (d - first_doc) * stride_out
-            if ((d == first_doc) & cut_first) | ((d == last_doc) & cut_last):
-                # Non-negative floats order like their int32 bit patterns: one relaxed integer atomic per
-                # element, not the float atomic's two ops with GPU-wide fences.
-                int_ptrs = out_ptrs.to(tl.pointer_type(tl.int32))
-                tl.atomic_max(int_ptrs, w_out.to(tl.int32, bitcast=True), mask=v_ok, sem="relaxed")
+        # the open document d covers the chunk's rows [begin, end); the next one ends at following
+        d = first_doc
+        begin = first_begin - row0
+        end = first_end - row0
+        following = tl.load(start_ptr + tl.minimum(d + 2, last_doc + 1)) - row0
+        part = tl.full((BLOCK_V, SLAB), float("-inf"), dtype=tl.float32)
+        for s in tl.static_range(BLOCK_L // SLAB):
+            # documents d .. that end inside this slab (past T, all that are left)
+            n_end = tl.where(row0 + (s + 1) * SLAB <= T, marks[s], last_doc + 1) - d
+            if n_end == 0:
+                part = tl.maximum(part, slabs[s])
             else:
-                tl.store(out_ptrs, w_out, mask=v_ok)
+                cols = s * SLAB + tl.arange(0, SLAB)
+                for _ in range(n_end):  # finish and write each
+                    inside = (cols >= begin) & (cols < end)
+                    part = tl.maximum(part, tl.where(inside[None, :], slabs[s], float("-inf")))
+                    atomic = (d == first_doc) & cut_first
+                    _write(first_out + (d - first_doc) * stride_out, _log1p_relu(tl.max(part, axis=1) + bias), v_ok,
+                           atomic)
+                    part = tl.full((BLOCK_V, SLAB), float("-inf"), dtype=tl.float32)
+                    d += 1
+                    begin = end
+                    end = following
+                    following = tl.load(start_ptr + tl.minimum(d + 2, last_doc + 1)) - row0  # in flight meanwhile
+                if d <= last_doc:  # the document open past this slab
+                    part = tl.maximum(part, tl.where((cols >= begin)[None, :], slabs[s], float("-inf")))
+        if d <= last_doc:  # it runs past the chunk (or ends exactly at its last row)
+            atomic = ((d == first_doc) & cut_first) | cut_last
+            _write(first_out + (d - first_doc) * stride_out, _log1p_relu(tl.max(part, axis=1) + bias), v_ok, atomic)
+
+
+@triton.jit
+def _log1p_relu(x):
+    """log1p(relu(x)) without libdevice (the interpreter runs it too): log(u)·x/(u-1), u = 1+x, a few ulp."""
+    x = tl.maximum(x, 0.0)
+    u = 1.0 + x
+    step = u - 1.0
+    return tl.where(step == 0.0, x, tl.log(u) * (x / tl.where(step == 0.0, 1.0, step))) + 0.0  # no -0.0
+
+
+@triton.jit
+def _write(ptrs, w, ok, atomic):
+    if atomic:
+        # Non-negative floats order like their int32 bit patterns: one relaxed integer atomic per element, not
+        # the float atomic's two ops with GPU-wide fences.
+        tl.atomic_max(ptrs.to(tl.pointer_type(tl.int32)), w.to(tl.int32, bitcast=True), mask=ok, sem="relaxed")
+    else:
+        tl.store(ptrs, w, mask=ok)
+
+
+@triton.jit
+def _column_slabs(acc, BLOCK_V: tl.constexpr, BLOCK_L: tl.constexpr, SLAB: tl.constexpr):
+    """The tile's columns as a tuple of [BLOCK_V, SLAB] slabs, by halving: the slab index sits in registers of the
+    MMA layout, so reshape, permute and split only rename registers."""
+    slabs = (tl.reshape(acc, [BLOCK_V, BLOCK_L // SLAB, SLAB]),)
+    for _ in tl.static_range(BLOCK_L // SLAB):
+        if slabs[0].shape[1] > 1:
+            halves = ()
+            for i in tl.static_range(len(slabs)):
+                x = tl.reshape(slabs[i], [BLOCK_V, 2, slabs[i].shape[1] // 2, SLAB])
+                lo, hi = tl.split(tl.permute(x, [0, 2, 3, 1]))
+                halves = halves + (lo, hi)
+            slabs = halves
+    out = ()
+    for i in tl.static_range(len(slabs)):
+        out = out + (tl.reshape(slabs[i], [BLOCK_V, SLAB]),)
+    return out
 
 
 def _set_block_shapes(nargs: dict) -> None:
@@ -117,22 +186,20 @@ def _set_block_shapes(nargs: dict) -> None:
     nargs["weight_desc"].block_shape = [nargs["BLOCK_V"], nargs["BLOCK_K"]]
 
 
-def _config(bv: int, bl: int, bk: int, warps: int, stages: int, group: int = 8, occupancy: int = 1) -> triton.Config:
-    meta = {"BLOCK_V": bv, "BLOCK_L": bl, "BLOCK_K": bk, "GROUP_L": group, "OCCUPANCY": occupancy}
+def _config(
+    bv: int, bl: int, bk: int, warps: int, stages: int, group: int = 8, slab: int = 16
+) -> triton.Config:
+    meta = {"BLOCK_V": bv, "BLOCK_L": bl, "BLOCK_K": bk, "GROUP_L": group, "SLAB": slab}
     return triton.Config(meta, num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
 
 
-# 16-bit inputs: tiles sized for Hopper's wgmma (M = BLOCK_V ≥ 64 per warpgroup) and TMA, ≤ 200 KB of shared
+# 16-bit inputs: a tile sized for Hopper's wgmma (M = BLOCK_V ≥ 64 per warpgroup) and TMA, ≤ 200 KB of shared
 # memory (stages × (BLOCK_V + BLOCK_L) × BLOCK_K × 2 bytes = 3 × 384 × 64 × 2 = 144 KB); the fp32 accumulator of a
-# 128×256 tile is 128 KB of registers, the most 8 warps hold without spilling. The H100 sweep
-# (benchmarks/NOTES_head.md) kept three: 128×256 for long documents (one per chunk), 256×128 for short packed ones
-# (fewer documents per chunk, so fewer epilogue passes), and two 4-warp 128×128 programs per SM, whose epilogues
-# overlap each other's MMAs.
-_CONFIGS_16 = [
-    _config(128, 256, 64, 8, 3, group=16),
-    _config(256, 128, 64, 8, 3, group=32),
-    _config(128, 128, 64, 4, 2, group=16, occupancy=2),
-]
+# 256×128 tile is 128 KB of registers, the most 8 warps hold without spilling. GROUP_L = 64 chunks (8k tokens) stay
+# in L2 while W streams past. One config, so nothing is timed at run time: in the H100 and H200 runs
+# (benchmarks/NOTES_head.md) it was fastest or within noise at every shape, and a second one (128×256, 32-column
+# slabs) only gave the autotuner's short timings a chance to pick it where it is up to 8% slower.
+_CONFIGS_16 = [_config(256, 128, 64, 8, 3, group=64, slab=16)]
 # fp32 inputs take twice the shared memory per element.
 _CONFIGS_32 = [_config(128, 64, 32, 8, 3), _config(64, 64, 32, 4, 3)]
 
@@ -157,8 +224,9 @@ _splade_max_tuned = triton.autotune(
 )(_splade_max_kernel)
 
 # Under TRITON_INTERPRET=1 (CPU tests): small tiles and few programs, so that modest shapes cover several V
-# tiles, several tiles per program, chunks that cut documents, several documents per chunk and several K slices.
-INTERPRETER_CONFIG = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_L": 2}
+# tiles, several tiles per program, chunks that cut documents, several documents per chunk and per slab, and
+# several K slices.
+INTERPRETER_CONFIG = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_L": 2, "SLAB": 4}
 INTERPRETER_PROGRAMS = 3
 # Triton decides at decoration time, for its own helpers (tl.cdiv, tl.max) too: TRITON_INTERPRET=1 must be set
 # before triton is first imported.
@@ -190,6 +258,7 @@ def _launch(
     bias: Tensor | None,
     keep: Tensor | None,
     doc: Tensor,
+    start: Tensor,
     n_docs: int,
     len_hint: int,
     out: Tensor | None,
@@ -216,19 +285,20 @@ def _launch(
     weight_desc = TensorDescriptor.from_tensor(_tma_ready(weight), [16, 16])
     cpu = tokens.device.type == "cpu"
     sms = INTERPRETER_PROGRAMS if cpu else torch.cuda.get_device_properties(tokens.device).multi_processor_count
-    args = (tokens_desc, weight_desc, bias, keep, doc, out, out.stride(0), n_rows, n_vocab, hidden)
+    args = (tokens_desc, weight_desc, bias, keep, doc, start, out, out.stride(0), n_rows, n_vocab, hidden)
     # Few keys: every new key costs a round of timing (a second or two) in each new process.
     args += (min(_pow2(len_hint), 512), int(n_rows >= 16384))
     precision = "tf32x3" if tokens.dtype == torch.float32 else "tf32"  # ignored for 16-bit operands
 
     def grid(meta: dict) -> tuple[int]:
         tiles = triton.cdiv(n_rows, meta["BLOCK_L"]) * triton.cdiv(n_vocab, meta["BLOCK_V"])
-        return (min(sms * meta.get("OCCUPANCY", 1), tiles),)
+        return (min(sms, tiles),)
 
     if config is None and not cpu:
         _splade_max_tuned[grid](*args, DOT_PRECISION=precision)
         return out
-    config = {"OCCUPANCY": 1, **(config or INTERPRETER_CONFIG)}
+    config = config or INTERPRETER_CONFIG
+    config = {"SLAB": min(16, config["BLOCK_L"]), **config}
     _set_block_shapes({"tokens_desc": tokens_desc, "weight_desc": weight_desc, **config})
     _splade_max_kernel[grid](*args, DOT_PRECISION=precision, **config)
     return out
@@ -243,14 +313,15 @@ def splade_max_triton(
     config: dict | None = None,
 ) -> Tensor:
     """Padded input: hidden [B, L, H], mask [B, L] (nonzero = keep). out and config are for tests and tuning:
-    out is overwritten, config ({BLOCK_V, BLOCK_L, BLOCK_K, GROUP_L[, num_warps, num_stages]}) skips
+    out is overwritten, config ({BLOCK_V, BLOCK_L, BLOCK_K, GROUP_L[, SLAB, num_warps, num_stages]}) skips
     autotuning."""
     batch, seq, hidden_size = hidden.shape
     if mask.shape != (batch, seq):
         raise ValueError(f"sparton: mask {tuple(mask.shape)} does not match hidden {tuple(hidden.shape)}")
     doc = torch.arange(batch, device=hidden.device, dtype=torch.int32).repeat_interleave(seq)
+    start = torch.arange(0, (batch + 1) * seq, seq, device=hidden.device, dtype=torch.int32)
     tokens = hidden.reshape(batch * seq, hidden_size)
-    return _launch(tokens, weight, bias, mask.reshape(batch * seq), doc, batch, seq, out, config)
+    return _launch(tokens, weight, bias, mask.reshape(batch * seq), doc, start, batch, seq, out, config)
 
 
 def splade_max_packed_triton(
@@ -271,7 +342,7 @@ def splade_max_packed_triton(
     ids = torch.arange(n_docs, device=hidden.device, dtype=torch.int32)
     doc = ids.repeat_interleave(cu[1:] - cu[:-1], output_size=n_rows)  # output_size: no device sync
     len_hint = max_seqlen if max_seqlen is not None else -(-n_rows // max(1, n_docs))
-    return _launch(hidden, weight, bias, None, doc, n_docs, len_hint, out, config)
+    return _launch(hidden, weight, bias, None, doc, cu, n_docs, len_hint, out, config)
 
 
 @torch.library.custom_op("sparton::splade_max", mutates_args=())

@@ -126,6 +126,24 @@ def test_packed_kernel_with_empty_documents(dtype):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("slab", [1, 4, 16])
+def test_packed_kernel_slab_edges(slab):
+    """The epilogue streams 16-row chunks in slabs: documents that end exactly on a slab or chunk edge, empty ones
+    there, documents shorter than a slab, one over several chunks; then random lengths. slab 16 = one per chunk."""
+    seed = _seed()
+    rng = random.Random(seed)
+    lengths = [4, 0, 4, 8, 0, 3, 1, 0, 16, 2, 37, 0, 5]
+    lengths += [rng.choice([0, 1, 2, 3, 4, 5, 7, 9, 16, 21]) for _ in range(12)]
+    h, w, b, _ = _inputs(seed, len(lengths), max(lengths), 32, 70, torch.float32)
+    tokens, cu = _pack(h, lengths)
+    out = torch.full((len(lengths), 70), float("nan"))
+    head.splade_max_packed_triton(tokens, w, b, cu, out=out, config={**head.INTERPRETER_CONFIG, "SLAB": slab})
+    _check(out, _oracle(h, w, b, _prefix_mask(lengths, max(lengths))), torch.float32, seed, f"slab {slab} {lengths}")
+    empty = [i for i, n in enumerate(lengths) if n == 0]
+    assert (out[empty] == 0).all(), f"zero-length documents must give zero rows (seed {seed})"
+
+
+@needs_interpreter
 def test_kernel_other_tile_shapes():
     """Nothing may assume the default test tiles: wider tiles, a group size that does not divide B."""
     seed = _seed()
