@@ -198,7 +198,7 @@ def _config(
 # 256×128 tile is 128 KB of registers, the most 8 warps hold without spilling. GROUP_L = 64 chunks (8k tokens) stay
 # in L2 while W streams past. One config, so nothing is timed at run time: in the H100 and H200 runs
 # (benchmarks/NOTES_head.md) it was fastest or within noise at every shape, and a second one (128×256, 32-column
-# slabs) only gave the autotuner's short timings a chance to pick it where it is up to 8% slower.
+# slabs) only gave the autotuner's short timings a chance to pick it where it is 4–5% slower.
 _CONFIGS_16 = [_config(256, 128, 64, 8, 3, group=64, slab=16)]
 # fp32 inputs take twice the shared memory per element.
 _CONFIGS_32 = [_config(128, 64, 32, 8, 3), _config(64, 64, 32, 4, 3)]
