@@ -209,7 +209,7 @@ def benchmark(args: argparse.Namespace) -> None:
                         row["extra_bytes_beyond_output"] = row["peak_bytes"] - out_b
                     print(_fmt(row), flush=True)
     print(f"timings took {time.time() - t_start:.0f} s", flush=True)
-    # The matmul rate moves between machine starts (689-780 TFLOP/s on H100s here) and a little within a run:
+    # The matmul rate moves between machine starts (672-791 TFLOP/s on H100s here) and a little within a run:
     # measure it again and hold every row to the higher of the two, so no ratio profits from a slow moment.
     again = matmul_peak_tflops()
     meta["matmul_bf16_tflops_after"] = again
@@ -314,7 +314,7 @@ def write_results(gpu: str, meta: dict, rows: list[dict], fits: dict) -> None:
     )
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=120)
-    print(f"wrote {stem}.json/.csv/.png")
+    print(f"wrote {stem.relative_to(RESULTS.parents[1])}.json/.csv/.png")  # repository-relative: logs get committed
 
 
 def summary(rows: list[dict], fits: dict) -> None:

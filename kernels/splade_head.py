@@ -186,9 +186,7 @@ def _set_block_shapes(nargs: dict) -> None:
     nargs["weight_desc"].block_shape = [nargs["BLOCK_V"], nargs["BLOCK_K"]]
 
 
-def _config(
-    bv: int, bl: int, bk: int, warps: int, stages: int, group: int = 8, slab: int = 16
-) -> triton.Config:
+def _config(bv: int, bl: int, bk: int, warps: int, stages: int, group: int = 8, slab: int = 16) -> triton.Config:
     meta = {"BLOCK_V": bv, "BLOCK_L": bl, "BLOCK_K": bk, "GROUP_L": group, "SLAB": slab}
     return triton.Config(meta, num_warps=warps, num_stages=stages, pre_hook=_set_block_shapes)
 
@@ -286,7 +284,8 @@ def _launch(
     cpu = tokens.device.type == "cpu"
     sms = INTERPRETER_PROGRAMS if cpu else torch.cuda.get_device_properties(tokens.device).multi_processor_count
     args = (tokens_desc, weight_desc, bias, keep, doc, start, out, out.stride(0), n_rows, n_vocab, hidden)
-    # Few keys: every new key costs a round of timing (a second or two) in each new process.
+    # Few keys: with fp32's two configs every new key costs a round of timing in each new process (16-bit: one
+    # config, never timed).
     args += (min(_pow2(len_hint), 512), int(n_rows >= 16384))
     precision = "tf32x3" if tokens.dtype == torch.float32 else "tf32"  # ignored for 16-bit operands
 
