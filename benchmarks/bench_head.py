@@ -2,8 +2,13 @@
 
 Times (triton.testing.do_bench medians; it flushes L2 between runs) the kernel on padded and packed input,
 the eager head (F.linear -> log1p(relu) -> x mask -> amax over the sequence, as SPLADE / sentence-transformers
-do), the same under torch.compile, and the FLOP floor 2·tokens·H·V at the bf16 matmul rate measured in this
-run (8192³).
+do), the same under torch.compile, and the FLOP floor 2·tokens·H·V at the bf16 matmul rate (8192³) measured
+warm in this run: the higher of a reading before and one after the timings.
+Every timing runs after at least 300 ms of warm-up calls, so it sees the clock a long job sees: under sustained
+tensor-core load an H100 or H200 holds its 700 W power cap by lowering the SM clock (1980 MHz cold, 1300-1750 MHz
+at the cap in the committed runs), for cuBLAS and for this kernel alike. nvidia-smi samples the SM clock, the
+board power (power.draw, which the driver averages over about a second) and the power-cap flag every 50 ms; each
+row records the medians over its timed window (sm_mhz, watts) and the share of samples at the cap (power_capped).
 Peak memory is torch.cuda.max_memory_allocated during the call minus what was allocated before it (inputs,
 weights). Also finds the largest batch whose whole head (weights, inputs, output, temporaries) fits a 16 GiB
 budget, for the kernel and for eager. Writes results/head_<GPU>.json / .csv / .png.
@@ -16,7 +21,10 @@ import argparse
 import csv
 import importlib.util
 import json
+import statistics
+import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -65,15 +73,73 @@ def eager_head(
     return (torch.log1p(torch.relu(logits)) * mask.unsqueeze(-1)).amax(dim=1)
 
 
-def matmul_peak_tflops() -> float:
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    ms = do_bench(lambda: a @ b, warmup=100, rep=500, return_mode="median")
-    return 2 * 8192**3 / ms / 1e9
+class GpuMonitor:
+    """SM clock, board power and the power-cap flag of this process's GPU, sampled by nvidia-smi in the
+    background; `window` summarises the samples of one timed interval. Without nvidia-smi it records nothing."""
+
+    POWER_CAP = 0x4  # clocks_throttle_reasons.active bit: software power cap
+
+    def __init__(self, period_ms: int = 50) -> None:
+        self.samples: list[tuple[float, float, float, int]] = []
+        uuid = f"GPU-{torch.cuda.get_device_properties(torch.cuda.current_device()).uuid}"
+        query = "clocks.sm,power.draw,clocks_throttle_reasons.active"
+        try:
+            self.proc = subprocess.Popen(
+                ["nvidia-smi", f"--id={uuid}", f"--query-gpu={query}", "--format=csv,noheader,nounits",
+                 f"-lms={period_ms}"],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            )
+        except OSError:
+            self.proc = None
+            return
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            try:
+                mhz, watts, reasons = (x.strip() for x in line.split(","))
+                self.samples.append((time.time(), float(mhz), float(watts), int(reasons, 16)))
+            except ValueError:  # "[N/A]" fields
+                continue
+
+    def window(self, t0: float, t1: float) -> dict:
+        inside = [s for s in self.samples if t0 <= s[0] <= t1]
+        if not inside:
+            return {}
+        return {
+            "sm_mhz": statistics.median(s[1] for s in inside),
+            "watts": statistics.median(s[2] for s in inside),
+            "power_capped": sum(bool(s[3] & self.POWER_CAP) for s in inside) / len(inside),
+        }
+
+    def close(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+
+
+MONITOR: GpuMonitor | None = None  # set by benchmark()
+WARMUP_MS = 300  # long enough for the power cap to settle (it acts within ~100 ms)
+
+
+def _timed(fn: Callable[[], object], warmup: float, rep: float) -> tuple[float, dict]:
+    """do_bench median of fn and the GPU state during its timed calls."""
+    t0 = time.time()
+    ms = do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
+    return ms, MONITOR.window(t0 + warmup / 1e3, time.time()) if MONITOR else {}
+
+
+def matmul_peak_tflops(warmup_ms: float = WARMUP_MS, dtype: torch.dtype = torch.bfloat16) -> tuple[float, dict]:
+    """Rate of an 8192³ cuBLAS matmul (bf16: the floor). A GPU that idled before runs its first second above the
+    power cap's sustained clock (an H100 read 751 TFLOP/s cold at 1980 MHz, 695 warm at 1410 MHz): benchmark()
+    warms it for 2 s first, so the floor is read in the state the timings run in."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+    b = torch.randn(8192, 8192, device="cuda", dtype=dtype)
+    ms, state = _timed(lambda: a @ b, warmup=warmup_ms, rep=500)
+    return 2 * 8192**3 / ms / 1e9, state
 
 
 def measure(fn: Callable[[], object], rep: int = 200) -> dict:
-    """Median time and extra peak memory of fn, or {'status': 'OOM'}."""
+    """Median time, extra peak memory and GPU state of fn, or {'status': 'OOM'}."""
     try:
         fn()  # warm-up: autotuning (with do_bench's 256 MB L2-flush buffer) and compilation happen here
         torch.cuda.synchronize()
@@ -86,11 +152,11 @@ def measure(fn: Callable[[], object], rep: int = 200) -> dict:
         once = (time.perf_counter() - start) * 1e3
         peak = torch.cuda.max_memory_allocated() - before
         # do_bench runs about rep / (its own estimate) timed calls: at least ~15, or a 100 ms call gets a median of 2
-        ms = do_bench(fn, warmup=max(25, 3 * once), rep=max(rep, 15 * once), return_mode="median")
+        ms, state = _timed(fn, warmup=max(WARMUP_MS, 3 * once), rep=max(rep, 15 * once))
     except torch.OutOfMemoryError:
         torch.cuda.empty_cache()
         return {"status": "OOM"}
-    return {"status": "ok", "ms": ms, "peak_bytes": peak}
+    return {"status": "ok", "ms": ms, "peak_bytes": peak, **state}
 
 
 def make_inputs(batch: int, vocab: int, dtype: torch.dtype, seed: int = 0):
@@ -146,17 +212,24 @@ def fit_batch(kind: str, vocab: int, probe: tuple[int, int]) -> dict:
 
 
 def benchmark(args: argparse.Namespace) -> None:
+    global MONITOR
+    MONITOR = GpuMonitor()
     gpu = torch.cuda.get_device_name()
-    tflops = matmul_peak_tflops()
+    cold, cold_state = matmul_peak_tflops()
+    tflops, state = matmul_peak_tflops(warmup_ms=2000)
     print(
-        f"{gpu}: bf16 matmul 8192³ {tflops:.0f} TFLOP/s; "
-        f"torch {torch.__version__}, triton {triton.__version__}"
+        f"{gpu}: bf16 matmul 8192³ {cold:.0f} TFLOP/s cold {_state(cold_state)}, {tflops:.0f} TFLOP/s warm "
+        f"{_state(state)}; torch {torch.__version__}, triton {triton.__version__}"
     )
     meta = {
         "gpu": gpu,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "matmul_bf16_tflops": tflops,
+        "matmul_state": state,
+        "matmul_bf16_tflops_cold": cold,
+        "matmul_state_cold": cold_state,
+        "warmup_ms": WARMUP_MS,
         "hidden": HIDDEN,
         "seq": SEQ,
         "budget_bytes": BUDGET,
@@ -209,17 +282,27 @@ def benchmark(args: argparse.Namespace) -> None:
                         row["extra_bytes_beyond_output"] = row["peak_bytes"] - out_b
                     print(_fmt(row), flush=True)
     print(f"timings took {time.time() - t_start:.0f} s", flush=True)
-    # The matmul rate moves between machine starts (672-791 TFLOP/s on H100s here) and a little within a run:
-    # measure it again and hold every row to the higher of the two, so no ratio profits from a slow moment.
-    again = matmul_peak_tflops()
+    # The warm rate moves between machine starts and a little within a run: measure it again and hold every row
+    # to the higher of the two warm readings, so no ratio profits from a slow moment.
+    again, state = matmul_peak_tflops()
     meta["matmul_bf16_tflops_after"] = again
+    meta["matmul_state_after"] = state
+    # fp16 operands cost the tensor cores more energy than bf16 ones: at the power cap cuBLAS runs them slower too
+    fp16, fp16_state = matmul_peak_tflops(dtype=torch.float16)
+    meta["matmul_fp16_tflops"] = fp16
+    meta["matmul_fp16_state"] = fp16_state
+    print(f"fp16 matmul 8192³ after the timings: {fp16:.0f} TFLOP/s {_state(fp16_state)}", flush=True)
+    for row in rows:
+        if row["dtype"] == "float16" and row["status"] == "ok" and row["variant"].startswith("kernel"):
+            row["x_fp16_floor"] = row["ms"] / floor_ms(row["tokens"], row["vocab"], fp16)
+            print(f"  {row['variant']} V={row['vocab']} B={row['batch']} fp16: {row['x_fp16_floor']:.2f}x fp16 floor")
     if again > tflops:
         meta["matmul_bf16_tflops"] = tflops = again
         for row in rows:
             row["floor_ms"] = floor_ms(row["tokens"], row["vocab"], tflops)
             if row["status"] == "ok":
                 row["x_floor"] = row["ms"] / row["floor_ms"]
-    print(f"bf16 matmul after the timings: {again:.0f} TFLOP/s; floors use {tflops:.0f}", flush=True)
+    print(f"bf16 matmul after the timings: {again:.0f} TFLOP/s {_state(state)}; floors use {tflops:.0f}", flush=True)
     write_results(gpu, meta, rows, {})  # in case the fit search runs out of time
     fits = {}
     for vocab in VOCABS:
@@ -239,6 +322,13 @@ def benchmark(args: argparse.Namespace) -> None:
     }
     write_results(gpu, meta, rows, fits)
     summary(rows, fits)
+    MONITOR.close()
+
+
+def _state(state: dict) -> str:
+    if not state:
+        return ""
+    return f"@ {state['sm_mhz']:.0f} MHz {state['watts']:.0f} W (capped {state['power_capped']:.0%})"
 
 
 def _fmt(row: dict) -> str:
@@ -247,7 +337,7 @@ def _fmt(row: dict) -> str:
         return f"{head}  {row['status']}"
     return (
         f"{head} {row['ms']:9.3f} ms  {row['x_floor']:5.2f}x floor  peak {row['peak_bytes'] / 2**20:9.1f} MiB"
-        f"  (+{row['extra_bytes_beyond_output'] / 2**20:8.1f} MiB beyond output)"
+        f"  (+{row['extra_bytes_beyond_output'] / 2**20:8.1f} MiB beyond output) {_state(row)}"
     )
 
 
@@ -310,7 +400,7 @@ def write_results(gpu: str, meta: dict, rows: list[dict], fits: dict) -> None:
         ax.grid(True, which="both", alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.suptitle(
-        f"SPLADE head, H={HIDDEN}, bf16, {gpu} ({meta['matmul_bf16_tflops']:.0f} TFLOP/s bf16 matmul)"
+        f"SPLADE head, H={HIDDEN}, bf16, {gpu} ({meta['matmul_bf16_tflops']:.0f} TFLOP/s bf16 matmul, warm)"
     )
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=120)
@@ -369,7 +459,7 @@ SWEEP_EXTRA = [
 def sweep() -> None:
     """Every config of the autotuning list at a few shapes, plus the SASS of each compiled variant."""
     head = sparton.splade_head
-    tflops = matmul_peak_tflops()
+    tflops, _ = matmul_peak_tflops()
     print(f"{torch.cuda.get_device_name()}: {tflops:.0f} TFLOP/s bf16; triton {triton.__version__}")
     shapes = [
         ("padded", 128, 30_522),
