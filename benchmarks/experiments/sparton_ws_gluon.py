@@ -5,12 +5,13 @@ benchmarks/NOTES_head.md), which Triton 3.6 cannot remove on Hopper (`warp_speci
 can: one loader warp issues the TMA loads into a STAGES-deep ring, and two consumer warpgroups each take half of
 the 256-row vocabulary tile (128 x 128 fp32 accumulator, 232 registers a thread), wait on mbarriers instead of a
 CTA barrier, and release a stage with one arrive each. The loader runs ahead into the next tile while the
-consumers run the epilogue, which is the shipped kernel's slab-streaming epilogue unchanged.
+consumers run the epilogue, the shipped kernel's slab-streaming epilogue rewritten in Gluon (a Gluon kernel cannot
+call Triton-language functions such as `tl.cdiv`, so `_column_slabs` and its neighbours are repeated here).
 Shared memory: STAGES x (256 + 128) x 64 x 2 bytes = 192 KB at 4 stages.
 
 Outcome (NOTES_head.md, "Warp specialization in Gluon"): correct on every check below; 2-6% faster than the
-shipped kernel on padded input, equal on packed input. Not shipped: Gluon is experimental and this code does not
-compile under Triton 3.9 (`async_copy_global_to_shared has been removed`), for a gain on the padded path only.
+shipped kernel on padded input, ~1% slower on packed input. Not shipped: Gluon is experimental and this code does
+not compile under Triton 3.9 (`async_copy_global_to_shared has been removed`), for a gain on the padded path only.
 
     python benchmarks/experiments/sparton_ws_gluon.py     # on a Hopper GPU with triton 3.6: checks, then A/B
 """
