@@ -5,8 +5,8 @@ the eager head (F.linear -> log1p(relu) -> x mask -> amax over the sequence, as 
 do), the same under torch.compile, and the FLOP floor 2·tokens·H·V at the bf16 matmul rate (8192³) measured
 warm in this run: the higher of a reading before and one after the timings.
 Every timing runs after at least 300 ms of warm-up calls, so it sees the clock a long job sees: under sustained
-tensor-core load an H100 or H200 holds its 700 W power cap by lowering the SM clock (1980 MHz cold, 1300-1750 MHz
-at the cap in the committed runs), for cuBLAS and for this kernel alike. nvidia-smi samples the SM clock, the
+tensor-core load an H100 or H200 holds its 700 W power cap by lowering the SM clock (1980 MHz cold; 1320-1770 MHz
+in the committed runs for cuBLAS and the kernel at >= 16k tokens). nvidia-smi samples the SM clock, the
 board power (power.draw, which the driver averages over about a second) and the power-cap flag every 50 ms; each
 row records the medians over its timed window (sm_mhz, watts) and the share of samples at the cap (power_capped).
 Peak memory is torch.cuda.max_memory_allocated during the call minus what was allocated before it (inputs,

@@ -276,7 +276,7 @@ def check() -> bool:
                 lens = torch.randint(1, seq + 1, (batch,), device="cuda", generator=g)
                 mask = (torch.arange(seq, device="cuda")[None] < lens[:, None]).to(dtype)
                 if batch > 2:
-                    mask[batch // 2] = 0  # a document of padding only: its row must come out zero
+                    mask[batch // 2] = 0  # a document of padding only (its reference row is all zeros)
                 ref = splade_max_reference(h.float(), w.float(), b.float(), mask)
                 cases.append((f"padded B={batch} L={seq}", splade_max_ws(h, w, b, mask), ref))
             lengths = torch.randint(1, 301, (40,), generator=torch.Generator().manual_seed(seed))
