@@ -173,7 +173,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
 def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads: int, heap: str,
           overwrite: bool) -> None:
     """Build a Lucene impact index from encoded vectors (checksums verified; published only when whole)."""
-    from .lucene import build_index
+    from .build import build_index
 
     vectors = vectors or ctx.obj["workdir"] / "vectors"
     index = index or ctx.obj["workdir"] / "index"

@@ -35,7 +35,7 @@ def vectors_of(directory: Path) -> dict[str, dict[str, int]]:
 
 @pytest.fixture(scope="module")
 def built(splade_tiny, tmp_path_factory):
-    from lsr_index.lucene import build_index
+    from lsr_index.build import build_index
 
     work = tmp_path_factory.mktemp("built")
     manifest = encode(SAMPLE / "corpus.jsonl", work / "vectors", shard_docs=150, output_format="jsonl")
@@ -78,7 +78,7 @@ def test_lucene_topk_equals_exact_integer_dot_product(built, splade_tiny):
 def test_build_refuses_a_corrupted_shard(built, tmp_path):
     import shutil
 
-    from lsr_index.lucene import build_index
+    from lsr_index.build import build_index
 
     work, manifest, _ = built
     shutil.copytree(work / "vectors", tmp_path / "vectors")
@@ -90,7 +90,7 @@ def test_build_refuses_a_corrupted_shard(built, tmp_path):
 
 
 def test_build_never_overwrites_without_permission(built):
-    from lsr_index.lucene import build_index
+    from lsr_index.build import build_index
 
     work, _, _ = built
     with pytest.raises(LsrIndexError, match="--overwrite"):
@@ -116,7 +116,8 @@ def test_search_refuses_another_model(built, splade_tiny, tmp_path):
 
 def test_parquet_shards_build_the_same_index(built, splade_tiny, tmp_path):
     """Parquet shards are restaged as JsonVector lines for Anserini: the index must search like the jsonl one."""
-    from lsr_index.lucene import ImpactSearcher, build_index
+    from lsr_index.build import build_index
+    from lsr_index.lucene import ImpactSearcher
     from lsr_index.search import encode_queries, load_query_encoder
     from lsr_index.topics import read_queries
 
@@ -253,7 +254,8 @@ def test_lucene_indexes_every_gzip_member(tmp_path):
     """A .jsonl.gz shard is a run of gzip members (one per chunk); Anserini must read past the first."""
     import gzip
 
-    from lsr_index.lucene import build_index, count_docs
+    from lsr_index.build import build_index
+    from lsr_index.lucene import count_docs
 
     manifest = encode(SAMPLE / "corpus.jsonl", tmp_path / "vectors", max_tokens=4096, output_format="jsonl.gz",
                       doc_max_length=32)

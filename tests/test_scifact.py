@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 
+from lsr_index.build import build_index
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.evaluate import evaluate
-from lsr_index.lucene import build_index
 from lsr_index.search import search
 from lsr_index.topics import read_qrels, read_queries
 
