@@ -250,3 +250,22 @@ def presets() -> None:
 
     for name, values in available().items():
         click.echo(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items() if k in PRESET_KEYS))
+
+
+def _shared_option(name: str, *decls: str, **kwargs) -> click.Option:
+    """`--workdir`/`--quiet` after the subcommand too (`lsr-index build -w out`), overriding the group's."""
+
+    def remember(ctx: click.Context, _param: click.Parameter, value) -> None:
+        if value is not None and value is not False:
+            ctx.ensure_object(dict)[name] = value if name == "workdir" else False
+
+    return click.Option(decls, expose_value=False, is_eager=True, callback=remember, **kwargs)
+
+
+for _command in main.commands.values():
+    _command.params += [
+        _shared_option("workdir", "--workdir", "-w", type=click.Path(file_okay=False, path_type=Path),
+                       default=None, help="Where stages read and write by default (also before the command)."),
+        _shared_option("progress", "--quiet", "-q", is_flag=True, default=None,
+                       help="No progress bars (also before the command)."),
+    ]
