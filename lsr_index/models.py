@@ -217,19 +217,25 @@ def _align_vocab(path: Path, tokenizer, weight: torch.Tensor, bias: torch.Tensor
     ModernBERT's 50,368 for 50,280 tokens) are dropped; rows no token maps to inside that range keep a
     placeholder term and a -inf bias, so they always weigh 0 and are never written. A token id past the decoder
     means tokenizer and weights do not belong together: refused."""
-    ids = tokenizer.get_vocab()
-    rows = max(ids.values()) + 1
+    vocab, holes = tokenizer_terms(tokenizer)
+    rows = len(vocab)
     if rows > weight.shape[0]:
-        term = max(ids, key=ids.get)
-        raise LsrIndexError(f"model {path}: the tokenizer has token {term!r} with id {rows - 1}, but the decoder has "
-                            f"only {weight.shape[0]} rows: tokenizer and weights are from different models")
-    vocab: list[str | None] = [None] * rows
+        raise LsrIndexError(f"model {path}: the tokenizer has token {vocab[-1]!r} with id {rows - 1}, but the decoder "
+                            f"has only {weight.shape[0]} rows: tokenizer and weights are from different models")
+    weight, bias = weight[:rows], bias[:rows].clone()
+    bias[holes] = float("-inf")
+    return vocab, weight, bias
+
+
+def tokenizer_terms(tokenizer) -> tuple[list[str], list[int]]:
+    """Term of each token id up to the largest, and the ids no term maps to (given a placeholder term, as the
+    index's vocabulary has no empty term)."""
+    ids = tokenizer.get_vocab()
+    vocab: list[str | None] = [None] * (max(ids.values()) + 1)
     for term, idx in ids.items():
         vocab[idx] = term
-    weight, bias = weight[:rows], bias[:rows].clone()
     holes = [i for i, term in enumerate(vocab) if term is None]
-    bias[holes] = float("-inf")
-    return [term if term is not None else f"[lsr-index:no-token-{i}]" for i, term in enumerate(vocab)], weight, bias
+    return [term if term is not None else f"[lsr-index:no-token-{i}]" for i, term in enumerate(vocab)], holes
 
 
 def _replace_module(root: torch.nn.Module, old: torch.nn.Module, new: torch.nn.Module) -> None:

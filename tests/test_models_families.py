@@ -196,3 +196,64 @@ def test_interpreter_tests_in_subprocess():
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "triton"]
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
+
+
+# ---------------------------------------------------------------- sentence-transformers SparseEncoder directories
+
+
+def _sentence_transformers(path, pooling: dict | None, transformer: str = "MLMTransformer"):
+    """Turn a masked-LM directory into a SparseEncoder directory: the transformer saved in the root, as
+    sentence-transformers saves it, and SpladePooling in a subfolder."""
+    base = "sentence_transformers.sparse_encoder.models" if transformer == "MLMTransformer" else \
+        "sentence_transformers.models"
+    modules = [{"idx": 0, "name": "0", "path": "", "type": f"{base}.{transformer}"},
+               {"idx": 1, "name": "1", "path": "1_SpladePooling",
+                "type": "sentence_transformers.sparse_encoder.models.SpladePooling"}]
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "sentence_bert_config.json").write_text(json.dumps(
+        {"max_seq_length": 64, "do_lower_case": False,
+         **({"transformer_task": "fill-mask"} if transformer == "Transformer" else {})}))
+    (path / "1_SpladePooling").mkdir()
+    (path / "1_SpladePooling" / "config.json").write_text(json.dumps(pooling or {}))
+
+
+@pytest.mark.parametrize(("pooling", "activation"), [("max", "relu"), ("max", "log1p_relu"), ("sum", "relu")])
+def test_sentence_transformers_directory_honours_its_pooling(tmp_path, pooling, activation):
+    path, mlm, tokenizer = _save("distilbert", tmp_path, pickled=False)
+    _sentence_transformers(path, {"pooling_strategy": pooling, "activation_function": activation,
+                                  "word_embedding_dimension": len(tokenizer)})
+    model = load_model(str(path))
+    ours = "log1p_log1p_relu" if activation == "log1p_relu" else "log1p_relu"
+    assert (model.pooling, model.activation) == (pooling, ours)
+    got = SpladeEncoder(model, max_tokens=40, backend="torch").encode(TEXTS, max_length=24)
+    torch.testing.assert_close(got.double(), _reference(mlm, tokenizer, TEXTS, 24, ours, pooling),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_sentence_transformers_fill_mask_transformer_and_defaults(tmp_path):
+    path, mlm, tokenizer = _save("roberta", tmp_path, pickled=True)
+    _sentence_transformers(path, None, transformer="Transformer")
+    model = load_model(str(path))
+    assert (model.pooling, model.activation) == ("max", "log1p_relu")
+    got = SpladeEncoder(model, backend="torch").encode(TEXTS, max_length=24)
+    torch.testing.assert_close(got.double(), _reference(mlm, tokenizer, TEXTS, 24), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("damage", ["module", "lowercase", "activation", "not fill-mask"])
+def test_sentence_transformers_directories_it_cannot_honour_are_refused(tmp_path, damage):
+    path, _, _ = _save("bert", tmp_path, pickled=False)
+    _sentence_transformers(path, {"activation_function": "softplus" if damage == "activation" else "relu"},
+                           transformer="Transformer" if damage == "not fill-mask" else "MLMTransformer")
+    if damage == "module":
+        modules = json.loads((path / "modules.json").read_text())
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+        (path / "modules.json").write_text(json.dumps(modules))
+    if damage == "lowercase":
+        (path / "sentence_bert_config.json").write_text(json.dumps({"do_lower_case": True}))
+    if damage == "not fill-mask":
+        (path / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 64}))
+    with pytest.raises(LsrIndexError) as caught:
+        load_model(str(path))
+    assert "\n" not in str(caught.value)
+    assert {"module": "Normalize", "lowercase": "do_lower_case", "activation": "softplus",
+            "not fill-mask": "Transformer (.) is not supported"}[damage] in str(caught.value)
