@@ -121,7 +121,10 @@ def _load_pickle(file: Path, torch) -> dict:
         part = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
     except pickle.UnpicklingError as exc:
         named = re.search(r"GLOBAL (\S+)", str(exc))
-        what = f" (it names {named.group(1)})" if named else ""
+        if named is None:  # not a pickle at all, or a damaged one
+            detail = str(exc).partition("WeightsUnpickler error:")[2].strip() or str(exc)
+            raise LsrIndexError(f"{file}: not a readable PyTorch weights file ({detail.splitlines()[0]})") from None
+        what = f" (it names {named.group(1)})"
         raise LsrIndexError(f"{file}: refused: it is not a plain tensor state dict{what}, and loading it would need a "
                             "full unpickle, which can run code; convert it to safetensors where you trust it") from None
     except (RuntimeError, EOFError, OSError, ValueError) as exc:
