@@ -1,8 +1,15 @@
-"""sparton: fused SPLADE max pooling, log1p(relu(max over tokens of H·Wᵀ + bias)), without [B, L, V] logits.
+"""sparton: fused SPLADE pooling, activate(max over tokens of H·Wᵀ + bias), without [B, L, V] logits.
 
 CUDA tensors run the Triton kernel (``splade_head``); CPU tensors run the chunked PyTorch reference, or the
 Triton kernel under Triton's interpreter when TRITON_INTERPRET=1 and ``backend="triton"`` (for tests).
 The Triton path is inference-only: it has no backward.
+
+``activation`` is SPLADE's ``"log1p_relu"`` or ``"log1p_log1p_relu"`` (sentence-transformers'
+``SpladePooling(activation_function="log1p_relu")``); both are monotone, so the kernel takes the max of the raw
+logits and activates once. ``pooling="sum"`` (sum over tokens of the activated logits) is not a max: every token's
+logit must be activated before it is added, and documents cut by a tile edge would be combined with float atomic
+adds, whose order (so whose rounding) changes from run to run, and resumed encodings must be byte-identical. It
+always runs the chunked PyTorch path, on any device (it is SPLADE v1's pooling; later SPLADE models use max).
 """
 
 from __future__ import annotations
@@ -10,22 +17,30 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .reference import splade_max_packed_reference, splade_max_reference
+from .reference import ACTIVATIONS, POOLINGS, check_options, splade_max_packed_reference, splade_max_reference
 
 try:
     from . import splade_head
 except ImportError:  # triton is an optional dependency (the "gpu" extra); the reference still works
     splade_head = None
 
-__all__ = ["splade_max", "splade_max_packed", "splade_max_packed_reference", "splade_max_reference"]
+__all__ = [
+    "ACTIVATIONS",
+    "POOLINGS",
+    "splade_max",
+    "splade_max_packed",
+    "splade_max_packed_reference",
+    "splade_max_reference",
+]
 
 _BACKENDS = ("auto", "triton", "torch")
 
 
-def _use_triton(hidden: Tensor, backend: str) -> bool:
+def _use_triton(hidden: Tensor, backend: str, pooling: str, activation: str) -> bool:
     if backend not in _BACKENDS:
         raise ValueError(f"sparton: backend must be one of {_BACKENDS}, got {backend!r}")
-    if backend == "torch":
+    check_options(pooling, activation)
+    if backend == "torch" or pooling == "sum":
         return False
     if backend == "auto":
         return hidden.is_cuda and splade_head is not None
@@ -47,17 +62,24 @@ def _forbid_grad(*tensors: Tensor | None) -> None:
 
 
 def splade_max(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, mask: Tensor, *, backend: str = "auto"
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    mask: Tensor,
+    *,
+    backend: str = "auto",
+    pooling: str = "max",
+    activation: str = "log1p_relu",
 ) -> Tensor:
-    """w[b, v] = log1p(relu(max over kept s of hidden[b, s]·weight[v] + bias[v])); 0 for an all-padding row.
+    """w[b, v] = activation(max over kept s of hidden[b, s]·weight[v] + bias[v]); 0 for an all-padding row.
 
     hidden [B, L, H] (bf16 / fp16 / fp32), weight [V, H] of the same dtype, bias [V] or None,
     mask [B, L] (bool or int, nonzero = keep). Returns float32 [B, V].
     """
-    if _use_triton(hidden, backend):
+    if _use_triton(hidden, backend, pooling, activation):
         _forbid_grad(hidden, weight, bias)
-        return torch.ops.sparton.splade_max(hidden, weight, bias, mask)
-    return splade_max_reference(hidden, weight, bias, mask)
+        return torch.ops.sparton.splade_max(hidden, weight, bias, mask, activation)
+    return splade_max_reference(hidden, weight, bias, mask, pooling=pooling, activation=activation)
 
 
 def splade_max_packed(
@@ -68,11 +90,13 @@ def splade_max_packed(
     max_seqlen: int | None = None,
     *,
     backend: str = "auto",
+    pooling: str = "max",
+    activation: str = "log1p_relu",
 ) -> Tensor:
     """As :func:`splade_max` for B documents packed back to back: hidden [T, H], cu_seqlens int32 [B+1]
     (cu_seqlens[0] = 0, cu_seqlens[-1] = T). A zero-length document gives a zero row. max_seqlen is a tuning
     hint only. Returns float32 [B, V]."""
-    if _use_triton(hidden, backend):
+    if _use_triton(hidden, backend, pooling, activation):
         _forbid_grad(hidden, weight, bias)
-        return torch.ops.sparton.splade_max_packed(hidden, weight, bias, cu_seqlens, max_seqlen)
-    return splade_max_packed_reference(hidden, weight, bias, cu_seqlens)
+        return torch.ops.sparton.splade_max_packed(hidden, weight, bias, cu_seqlens, max_seqlen, activation)
+    return splade_max_packed_reference(hidden, weight, bias, cu_seqlens, pooling=pooling, activation=activation)

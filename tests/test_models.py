@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.models import EMBEDDED, load_model, resolve_model, sha256_file
+from lsr_index.model_files import model_sha256, sha256_file
+from lsr_index.models import EMBEDDED, load_model, resolve_model
 
 
 def test_embedded_model_is_verified_and_cached(splade_tiny):
-    assert splade_tiny.sha256 == EMBEDDED["splade-tiny"].sha256
+    assert splade_tiny.sha256 == model_sha256(splade_tiny.path)
     assert sha256_file(splade_tiny.path / "model.safetensors") == EMBEDDED["splade-tiny"].sha256
     assert splade_tiny.weight.shape == (30522, 128) and splade_tiny.bias.shape == (30522,)
     assert resolve_model("splade-tiny") == splade_tiny.path  # second resolution hits the cache
@@ -49,14 +50,6 @@ def test_corrupted_cache_is_detected(splade_tiny, tmp_path, monkeypatch):
         f.write(b"\x00" * 16)
     with pytest.raises(LsrIndexError, match="checksum mismatch"):
         load_model("splade-tiny")
-
-
-def test_pickled_weights_are_refused(splade_tiny, tmp_path):
-    for name in ("config.json", "tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(splade_tiny.path / name, tmp_path / name)
-    (tmp_path / "pytorch_model.bin").write_bytes(b"not really a pickle")
-    with pytest.raises(LsrIndexError, match="pickled weights are refused"):
-        load_model(str(tmp_path))
 
 
 def test_unknown_model_name_is_a_clear_error():

@@ -41,13 +41,17 @@ def _inputs(seed: int, batch: int, seq: int, hidden: int, vocab: int, dtype: tor
     return h, w, b, g
 
 
-def _oracle(hidden, weight, bias, mask):
-    """Dense float64 SPLADE max pooling on the same (already rounded) inputs; small shapes only."""
+def _oracle(hidden, weight, bias, mask, pooling="max", activation="log1p_relu"):
+    """Dense float64 SPLADE pooling on the same (already rounded) inputs, as sentence-transformers' SpladePooling
+    computes it (activate every token's logits, then pool); small shapes only."""
     logits = torch.einsum("blh,vh->blv", hidden.double(), weight.double())
-    logits = logits.masked_fill((mask == 0)[:, :, None], float("-inf")).amax(dim=1)
     if bias is not None:
         logits = logits + bias.double()
-    return torch.log1p(torch.relu(logits))
+    weights = torch.log1p(torch.relu(logits))
+    if activation == "log1p_log1p_relu":
+        weights = torch.log1p(weights)
+    weights = weights * (mask != 0)[:, :, None]
+    return weights.sum(dim=1) if pooling == "sum" else weights.amax(dim=1)
 
 
 def _pack(hidden, lengths):
@@ -144,6 +148,49 @@ def test_packed_kernel_slab_edges(slab):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernel_double_log_activation(dtype):
+    """log1p(log1p(relu)) is fused as the epilogue's activation: padded with holes and packed with empty
+    documents, odd V and L, poisoned outputs."""
+    seed = _seed()
+    h, w, b, g = _inputs(seed, 4, 23, 48, 131, dtype)
+    mask = torch.rand(4, 23, generator=g) < 0.6
+    mask[2] = False
+    out = torch.full((4, 131), float("nan"))
+    head.splade_max_triton(h, w, b, mask, out=out, activation="log1p_log1p_relu")
+    _check(out, _oracle(h, w, b, mask, activation="log1p_log1p_relu"), dtype, seed, "padded log1p_log1p_relu")
+    assert (out[2] == 0).all(), f"all-padding row must be exactly 0 (seed {seed})"
+    lengths = [0, 23, 1, 7]
+    tokens, cu = _pack(h, lengths)
+    out = torch.full((4, 131), float("nan"))
+    head.splade_max_packed_triton(tokens, w, b, cu, out=out, activation="log1p_log1p_relu")
+    ref = _oracle(h, w, b, _prefix_mask(lengths, 23), activation="log1p_log1p_relu")
+    _check(out, ref, dtype, seed, "packed log1p_log1p_relu")
+    public = sparton.splade_max_packed(tokens, w, b, cu, backend="triton", activation="log1p_log1p_relu")
+    assert torch.equal(public, out)
+    single = sparton.splade_max_packed(tokens, w, b, cu, backend="triton")
+    assert (single > out).any(), f"the activation flag must change the result (seed {seed})"
+
+
+@needs_interpreter
+@pytest.mark.parametrize("activation", sparton.ACTIVATIONS)
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_sum_pooling_runs_the_reference(activation, backend):
+    """Sum pooling is not a max: whatever the backend it runs the chunked PyTorch path, exactly."""
+    seed = _seed()
+    h, w, b, g = _inputs(seed, 3, 19, 32, 97, torch.float32)
+    mask = torch.rand(3, 19, generator=g) < 0.5
+    mask[1] = False
+    got = sparton.splade_max(h, w, b, mask, backend=backend, pooling="sum", activation=activation)
+    _check(got, _oracle(h, w, b, mask, "sum", activation), torch.float32, seed, f"sum {activation}")
+    assert (got[1] == 0).all()
+    lengths = [19, 0, 4]
+    tokens, cu = _pack(h, lengths)
+    packed = sparton.splade_max_packed(tokens, w, b, cu, backend=backend, pooling="sum", activation=activation)
+    _check(packed, _oracle(h, w, b, _prefix_mask(lengths, 19), "sum", activation), torch.float32, seed, "sum packed")
+
+
+@needs_interpreter
 def test_kernel_other_tile_shapes():
     """Nothing may assume the default test tiles: wider tiles, a group size that does not divide B."""
     seed = _seed()
@@ -167,6 +214,10 @@ def test_kernel_rejects_what_it_cannot_do():
         sparton.splade_max(h.half(), w.detach(), None, mask, backend="triton")
     with pytest.raises(ValueError, match="multiple of 16"):
         sparton.splade_max(h[..., :24], w.detach()[:, :24], None, mask, backend="triton")
+    with pytest.raises(ValueError, match="activation"):
+        sparton.splade_max(h, w.detach(), None, mask, backend="triton", activation="softplus")
+    with pytest.raises(ValueError, match="pooling"):
+        sparton.splade_max(h, w.detach(), None, mask, backend="torch", pooling="mean")
 
 
 @needs_interpreter
@@ -179,6 +230,9 @@ def test_custom_op_registration():
     tokens, cu = _pack(h, [5, 2])
     torch.library.opcheck(
         torch.ops.sparton.splade_max_packed.default, (tokens, w, None, cu, 5), test_utils=utils
+    )
+    torch.library.opcheck(
+        torch.ops.sparton.splade_max_packed.default, (tokens, w, b, cu, 5, "log1p_log1p_relu"), test_utils=utils
     )
 
 

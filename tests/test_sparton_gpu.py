@@ -102,6 +102,24 @@ def test_poisoned_output_and_no_bias():
     assert torch.allclose(out, packed, rtol=1e-5, atol=1e-6), f"padded and packed disagree (seed {seed})"
 
 
+@pytest.mark.parametrize(("pooling", "activation"), [("max", "log1p_log1p_relu"), ("sum", "log1p_relu")])
+def test_pooling_variants(pooling, activation):
+    """The fused double log (opensearch v3) and sum pooling (the chunked PyTorch path on CUDA) at a ModernBERT-sized
+    vocabulary with packed documents."""
+    seed = _seed()
+    w, b, g = _weights(seed, 50_368, torch.bfloat16)
+    lengths = [0, 200, 1, 77, 128, 3]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    tokens = torch.randn(sum(lengths), HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
+    options = {"pooling": pooling, "activation": activation}
+    with torch.inference_mode():
+        out = sparton.splade_max_packed(tokens, w, b, cu, max(lengths), **options)
+        ref = sparton.splade_max_packed_reference(tokens.double(), w.double(), b.double(), cu, **options)
+    assert torch.isfinite(out).all(), f"seed {seed}"
+    assert _rel_err(out, ref) <= TOL[torch.bfloat16], f"seed {seed}"
+    assert (out[0] == 0).all(), f"zero-length document (seed {seed})"
+
+
 def test_torch_compile_traces_the_custom_op():
     seed = _seed()
     w, b, g = _weights(seed, 30_522, torch.bfloat16)

@@ -1,0 +1,229 @@
+"""The files of a model directory: which ones make its identity, how its weights are read, how a
+sentence-transformers directory is laid out.
+
+Everything here reads files only: no model class is built, no pickle is fully unpickled, no remote code runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import re
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from .errors import LsrIndexError
+
+if TYPE_CHECKING:
+    import torch
+
+# Files whose bytes change the vectors a model gives: weights, model config, tokenizer and its configs, vocabularies,
+# sentence-transformers module configs (pooling, routes, truncation) and static query weight tables.
+_IDENTITY_NAMES = frozenset({
+    "config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+    "vocab.txt", "vocab.json", "merges.txt", "modules.json", "config_sentence_transformers.json",
+    "sentence_bert_config.json", "router_config.json", "idf.json", "query_token_weights.txt",
+})
+_IDENTITY_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".model", ".index.json")
+
+# sentence-transformers' activation_function → sparton's activation: "relu" is SPLADE's log1p(relu(x)), and
+# "log1p_relu" applies log1p once more (sentence_transformers.sparse_encoder.models.SpladePooling).
+_ST_ACTIVATIONS = {"relu": "log1p_relu", "log1p_relu": "log1p_log1p_relu"}
+
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def identity_files(path: Path) -> list[str]:
+    """Relative names of the identity files in the directory and its direct, non-hidden subdirectories (where
+    sentence-transformers keeps its modules), sorted. Symbolic links are followed (the hub cache is made of them)."""
+    found = []
+    for entry in sorted(os.scandir(path), key=lambda e: e.name):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_dir():
+            found += [f"{entry.name}/{e.name}" for e in sorted(os.scandir(entry.path), key=lambda e: e.name)
+                      if e.is_file() and _is_identity(e.name)]
+        elif entry.is_file() and _is_identity(entry.name):
+            found.append(entry.name)
+    return found
+
+
+def _is_identity(name: str) -> bool:
+    return name in _IDENTITY_NAMES or name.endswith(_IDENTITY_SUFFIXES)
+
+
+def model_sha256(path: Path) -> str:
+    """A model's identity: sha256 over the sorted (relative name, sha256) pairs of its identity files.
+
+    Two directories share it only if every file that can change a vector is byte-identical; a README, a model
+    card or a training log does not enter it."""
+    files = identity_files(path)
+    if not files:
+        raise LsrIndexError(f"model {path}: no model files (config.json, weights, tokenizer) in it")
+    digest = hashlib.sha256()
+    for name in files:
+        digest.update(f"{name}\0{sha256_file(path / name)}\n".encode())
+    return digest.hexdigest()
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The weights of the model in `path`: its safetensors, else its pickled PyTorch state dicts."""
+    safetensors = sorted(path.glob("*.safetensors"))
+    if safetensors:
+        return safetensors
+    pickles = sorted(path.glob("pytorch_model*.bin")) or sorted([*path.glob("*.pt"), *path.glob("*.pth")])
+    if not pickles:
+        raise LsrIndexError(f"model {path}: no weights (*.safetensors, pytorch_model*.bin, *.pt)")
+    return pickles
+
+
+_noted: set[Path] = set()
+
+
+def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
+    """All tensors of the model's weight files, on the CPU. Pickles go through torch.load(weights_only=True), whose
+    unpickler builds only tensors and plain containers: a pickle that names anything else (the way a hostile
+    file runs code) is refused before any of it runs."""
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    state: dict[str, torch.Tensor] = {}
+    for file in weight_files(path):
+        if file.suffix == ".safetensors":
+            try:
+                part = load_file(file)
+            except (SafetensorError, OSError) as exc:
+                raise LsrIndexError(f"{file}: not a readable safetensors file ({exc})") from exc
+        else:
+            if file not in _noted:
+                _noted.add(file)
+                print(f"note: {file}: pickled PyTorch weights, read with torch.load(weights_only=True), which runs "
+                      "no code", file=sys.stderr)
+            part = _load_pickle(file, torch)
+        state.update(part)
+    return state
+
+
+def _load_pickle(file: Path, torch) -> dict:
+    try:
+        part = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+    except pickle.UnpicklingError as exc:
+        named = re.search(r"GLOBAL (\S+)", str(exc))
+        if named is None:  # not a pickle at all, or a damaged one
+            detail = str(exc).partition("WeightsUnpickler error:")[2].strip() or str(exc)
+            raise LsrIndexError(f"{file}: not a readable PyTorch weights file ({detail.splitlines()[0]})") from None
+        what = f" (it names {named.group(1)})"
+        raise LsrIndexError(f"{file}: refused: it is not a plain tensor state dict{what}, and loading it would need a "
+                            "full unpickle, which can run code; convert it to safetensors where you trust it") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise LsrIndexError(f"{file}: not a readable PyTorch weights file ({reason})") from None
+    if not isinstance(part, dict) or not all(isinstance(v, torch.Tensor) for v in part.values()):
+        raise LsrIndexError(f"{file}: not a state dict of tensors (name → tensor)")
+    return part
+
+
+@dataclass(frozen=True)
+class SentenceTransformersLayout:
+    """Where a sentence-transformers sparse encoder keeps its parts, read from modules.json (and router_config.json).
+
+    mlm: the masked-LM directory of the document route; pooling, activation: its SpladePooling options in
+    sparton's terms; query: the directory of an inference-free query route (SparseStaticEmbedding), else None."""
+
+    mlm: Path
+    pooling: str
+    activation: str
+    query: Path | None
+
+
+def _json(file: Path, want: type = dict) -> dict | list:
+    try:
+        value = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LsrIndexError(f"{file}: not readable JSON ({exc})") from exc
+    if not isinstance(value, want):
+        raise LsrIndexError(f"{file}: expected a JSON {'object' if want is dict else 'list'}")
+    return value
+
+
+def sentence_transformers_layout(path: Path) -> SentenceTransformersLayout | None:
+    """The layout of a sentence-transformers SparseEncoder directory; None for a plain transformers directory."""
+    if not (path / "modules.json").is_file():
+        return None
+    modules = _json(path / "modules.json", list)
+    if not all(isinstance(m, dict) for m in modules):
+        raise LsrIndexError(f"{path / 'modules.json'}: expected a list of modules")
+    routes = {"document": [(str(m.get("type", "")), str(m.get("path", ""))) for m in modules]}
+    if len(modules) == 1 and routes["document"][0][0].endswith(".Router"):
+        config = _json(path / routes["document"][0][1] / "router_config.json")
+        try:
+            types, structure = config["types"], config["structure"]
+            routes = {route: [(types[name], name) for name in names] for route, names in structure.items()}
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise LsrIndexError(f"{path}: router_config.json lacks its types or structure ({exc})") from exc
+    document = routes.get("document")
+    if document is None:
+        raise LsrIndexError(f"{path}: the sentence-transformers router has no 'document' route")
+    mlm, pooling, activation = None, "max", "log1p_relu"
+    for kind, folder in document:
+        name = kind.rsplit(".", 1)[-1]
+        where = _module_dir(path, folder)
+        if name in ("MLMTransformer", "Transformer"):
+            # the transformer is saved in the root, whatever name its route gives it
+            where = where if (where / "config.json").is_file() else path
+        if name == "MLMTransformer" or (name == "Transformer" and _fill_mask(where)):
+            mlm = where
+            settings = where / "sentence_bert_config.json"
+            if settings.is_file() and _json(settings).get("do_lower_case"):
+                raise LsrIndexError(f"{settings}: do_lower_case is true (sentence-transformers lowercases texts "
+                                    "before its tokenizer); lsr-index does not: put the lowercasing in the tokenizer")
+        elif name == "SpladePooling":
+            config = _json(where / "config.json") if where != path and (where / "config.json").is_file() else {}
+            pooling = config.get("pooling_strategy", "max")
+            activation = _ST_ACTIVATIONS.get(config.get("activation_function", "relu"))
+            if pooling not in ("max", "sum") or activation is None:
+                raise LsrIndexError(f"{where / 'config.json'}: SpladePooling with pooling_strategy "
+                                    f"{config.get('pooling_strategy')!r}, activation_function "
+                                    f"{config.get('activation_function')!r} is not supported (max or sum; relu or "
+                                    "log1p_relu)")
+        else:
+            raise LsrIndexError(f"{path}: sentence-transformers module {kind} ({folder or '.'}) is not supported: "
+                                "lsr-index reads MLMTransformer (or a fill-mask Transformer) + SpladePooling")
+    if mlm is None:
+        raise LsrIndexError(f"{path}: no MLMTransformer in the sentence-transformers document modules")
+    query = None
+    if "query" in routes:
+        kinds = [kind.rsplit(".", 1)[-1] for kind, _ in routes["query"]]
+        if kinds == ["SparseStaticEmbedding"]:
+            query = _module_dir(path, routes["query"][0][1])
+        elif [(k, f) for k, f in routes["query"]] != document:
+            raise LsrIndexError(f"{path}: query route {kinds} is not supported (SparseStaticEmbedding, or the "
+                                "document route)")
+    return SentenceTransformersLayout(mlm=mlm, pooling=pooling, activation=activation, query=query)
+
+
+def _module_dir(root: Path, folder: str) -> Path:
+    """A module's folder, confined to the model directory."""
+    if folder in ("", "."):
+        return root
+    where = (root / folder).resolve()
+    if not where.is_relative_to(root.resolve()):
+        raise LsrIndexError(f"{root}: module path {folder!r} leaves the model directory")
+    return root / folder
+
+
+def _fill_mask(where: Path) -> bool:
+    settings = where / "sentence_bert_config.json"
+    return settings.is_file() and _json(settings).get("transformer_task") == "fill-mask"

@@ -1,0 +1,135 @@
+"""Query encoders: a SPLADE model (the documents' own, or a separate one), or an inference-free token-weight table.
+
+Inference-free models (opensearch-neural-sparse-encoding-doc-*, splade-v3-doc, sentence-transformers routers with a
+SparseStaticEmbedding query route) encode documents with a masked LM and queries with no model at all: a query's
+vector is the weight of each distinct token it contains, read from a table shipped with the model. Search then
+loads no transformer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .encoder import SpladeEncoder
+from .errors import LsrIndexError
+from .model_files import model_sha256, sentence_transformers_layout
+from .models import SpladeModel, load_model, resolve_model, tokenizer_terms
+
+QUERY_TABLES = ("query_token_weights.txt", "idf.json")  # opensearch's two spellings of the same table
+
+
+@dataclass
+class TokenWeights:
+    """A query encoder without a model: term id → weight. `vocab` and `vocab_size` match SpladeModel's, so the
+    search stage can turn ids into terms the same way."""
+
+    name: str
+    path: Path
+    sha256: str  # model_sha256 of the directory, as for a SpladeModel
+    tokenizer: object
+    weights: np.ndarray  # float32 [V]
+    vocab: list[str]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+
+class TokenWeightEncoder:
+    """Queries → [n, V] weights: weight[t] for each distinct token t of the text (no special tokens), as
+    sentence-transformers' SparseStaticEmbedding computes them. Same `encode` and `model` as SpladeEncoder."""
+
+    def __init__(self, model: TokenWeights):
+        self.model = model
+        self._weights = torch.from_numpy(model.weights)
+
+    def encode(self, texts: list[str], max_length: int) -> torch.Tensor:
+        ids = self.model.tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length,
+                                   padding=True, return_tensors="pt")
+        present = torch.zeros(len(texts), self.model.vocab_size)
+        present.scatter_(1, ids["input_ids"], ids["attention_mask"].float())
+        return present * self._weights
+
+
+def load_query_model(name_or_path: str, device: str = "cpu", dtype: torch.dtype | None = None
+                     ) -> SpladeModel | TokenWeights:
+    """What encodes queries for the model at name_or_path: its token-weight table when it ships one (a
+    sentence-transformers SparseStaticEmbedding query route, query_token_weights.txt or idf.json), else the
+    model itself."""
+    path = resolve_model(name_or_path)
+    layout = sentence_transformers_layout(path)
+    if layout is not None and layout.query is not None:
+        return _static_embedding(path, layout.query)
+    table = next((path / name for name in QUERY_TABLES if (path / name).is_file()), None)
+    if table is None:
+        return load_model(name_or_path, device=device, dtype=dtype)
+    tokenizer = _tokenizer(path)
+    vocab, _ = tokenizer_terms(tokenizer)
+    weights = np.zeros(len(vocab), np.float32)
+    ids = tokenizer.get_vocab()
+    for term, weight in _read_table(table).items():
+        if term in ids:  # a term the tokenizer cannot produce can never weigh in a query
+            weights[ids[term]] = weight
+    return TokenWeights(name=str(path), path=path, sha256=model_sha256(path), tokenizer=tokenizer, weights=weights,
+                        vocab=vocab)
+
+
+def encoder_for(model: SpladeModel | TokenWeights, backend: str = "auto") -> SpladeEncoder | TokenWeightEncoder:
+    return TokenWeightEncoder(model) if isinstance(model, TokenWeights) else SpladeEncoder(model, backend=backend)
+
+
+def _static_embedding(root: Path, module: Path) -> TokenWeights:
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    file = module / "model.safetensors"
+    try:
+        weight = load_file(file)["weight"]
+    except (OSError, SafetensorError, KeyError) as exc:
+        raise LsrIndexError(f"{file}: no readable 'weight' tensor for the SparseStaticEmbedding query route "
+                            f"({exc})") from exc
+    source = module if (module / "tokenizer.json").is_file() else root
+    tokenizer = _tokenizer(source)
+    vocab, _ = tokenizer_terms(tokenizer)
+    if weight.dim() != 1 or weight.numel() > len(vocab):
+        raise LsrIndexError(f"{file}: query weights of shape {tuple(weight.shape)} do not fit the tokenizer's "
+                            f"{len(vocab)} terms")
+    weights = np.zeros(len(vocab), np.float32)
+    weights[:weight.numel()] = weight.float().numpy()
+    return TokenWeights(name=str(root), path=root, sha256=model_sha256(root), tokenizer=tokenizer, weights=weights,
+                        vocab=vocab)
+
+
+def _read_table(file: Path) -> dict[str, float]:
+    """idf.json ({term: weight}) or query_token_weights.txt (term TAB weight per line)."""
+    try:
+        if file.suffix == ".json":
+            table = json.loads(file.read_text(encoding="utf-8"))
+            if not isinstance(table, dict):
+                raise ValueError("expected a JSON object of term → weight")
+            return {str(k): float(v) for k, v in table.items()}
+        table = {}
+        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+            if line.strip():
+                term, sep, weight = line.rpartition("\t")
+                if not sep:
+                    raise ValueError(f"line {number}: expected term<TAB>weight")
+                table[term] = float(weight)
+        return table
+    except (OSError, ValueError, TypeError) as exc:
+        raise LsrIndexError(f"{file}: not a token weight table ({exc})") from exc
+
+
+def _tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False, use_fast=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise LsrIndexError(f"model {path}: cannot load its tokenizer: {exc}") from exc
+

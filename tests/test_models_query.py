@@ -1,0 +1,89 @@
+"""Query encoders: a model's own token-weight table (inference-free models) or the model itself."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+from test_models_families import TEXTS, _save, _sentence_transformers
+
+from lsr_index.errors import LsrIndexError
+from lsr_index.model_files import model_sha256
+from lsr_index.models import SpladeModel, load_model
+from lsr_index.query_models import TokenWeightEncoder, TokenWeights, encoder_for, load_query_model
+
+
+def _by_hand(tokenizer, weights: dict[str, float], text: str) -> dict[str, float]:
+    """Each distinct token of the text (no special tokens) at its table weight."""
+    return {t: weights[t] for t in set(tokenizer.tokenize(text)) if weights.get(t)}
+
+
+def _as_terms(model, row: torch.Tensor) -> dict[str, float]:
+    return {model.vocab[i]: float(row[i]) for i in torch.nonzero(row).flatten().tolist()}
+
+
+@pytest.mark.parametrize("table", ["idf.json", "query_token_weights.txt"])
+def test_token_weight_table_encodes_queries_without_a_model(tmp_path, table):
+    path, _, tokenizer = _save("bert", tmp_path, pickled=False)
+    terms = list(tokenizer.get_vocab())
+    weights = {term: round(0.5 + i / 7, 3) for i, term in enumerate(terms) if i % 3}
+    if table == "idf.json":
+        (path / table).write_text(json.dumps({**weights, "not-a-token": 9.0}))
+    else:
+        (path / table).write_text("".join(f"{t}\t{w}\n" for t, w in weights.items()))
+    query = load_query_model(str(path))
+    assert isinstance(query, TokenWeights) and query.sha256 == model_sha256(path)
+    got = encoder_for(query).encode(TEXTS, max_length=32)
+    assert got.shape == (len(TEXTS), len(query.vocab))
+    for text, row in zip(TEXTS, got):
+        assert _as_terms(query, row) == pytest.approx(_by_hand(tokenizer, weights, text))
+
+
+def test_sentence_transformers_router_with_static_query_route(tmp_path):
+    """The inference-free router layout: documents through MLMTransformer (in the root) + SpladePooling, queries
+    through SparseStaticEmbedding (its own folder: weights and tokenizer)."""
+    path, _, tokenizer = _save("distilbert", tmp_path, pickled=False)
+    _sentence_transformers(path, {"pooling_strategy": "max", "activation_function": "log1p_relu"})
+    (path / "1_SpladePooling").rename(path / "document_1_SpladePooling")
+    (path / "modules.json").write_text(json.dumps(
+        [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Router"}]))
+    (path / "router_config.json").write_text(json.dumps({
+        "types": {"query_0_SparseStaticEmbedding": "sentence_transformers.sparse_encoder.models.SparseStaticEmbedding",
+                  "document_0_MLMTransformer": "sentence_transformers.sparse_encoder.models.MLMTransformer",
+                  "document_1_SpladePooling": "sentence_transformers.sparse_encoder.models.SpladePooling"},
+        "structure": {"query": ["query_0_SparseStaticEmbedding"],
+                      "document": ["document_0_MLMTransformer", "document_1_SpladePooling"]},
+        "parameters": {"default_route": "document", "allow_empty_key": True}}))
+    module = path / "query_0_SparseStaticEmbedding"
+    module.mkdir()
+    tokenizer.save_pretrained(module)
+    table = torch.rand(len(tokenizer)) * (torch.arange(len(tokenizer)) % 2)
+    save_file({"weight": table}, module / "model.safetensors")
+    (module / "config.json").write_text(json.dumps({"frozen": False}))
+
+    documents = load_model(str(path))
+    assert isinstance(documents, SpladeModel) and documents.activation == "log1p_log1p_relu"
+    query = load_query_model(str(path))
+    assert isinstance(query, TokenWeights) and query.sha256 == documents.sha256
+    assert query.vocab == documents.vocab
+    weights = {t: float(table[i]) for t, i in tokenizer.get_vocab().items()}
+    got = TokenWeightEncoder(query).encode(TEXTS, max_length=32)
+    for text, row in zip(TEXTS, got):
+        assert _as_terms(query, row) == pytest.approx(_by_hand(tokenizer, weights, text))
+    save_file({"weight": torch.rand(len(tokenizer) + 3)}, module / "model.safetensors")
+    with pytest.raises(LsrIndexError, match="do not fit the tokenizer"):
+        load_query_model(str(path))
+
+
+def test_a_model_without_a_table_encodes_its_own_queries(tmp_path):
+    path, _, _ = _save("bert", tmp_path, pickled=False)
+    assert isinstance(load_query_model(str(path)), SpladeModel)
+
+
+def test_a_malformed_table_is_one_line(tmp_path):
+    path, _, _ = _save("bert", tmp_path, pickled=False)
+    (path / "query_token_weights.txt").write_text("protein 1.5\n")
+    with pytest.raises(LsrIndexError, match=r"line 1: expected term<TAB>weight"):
+        load_query_model(str(path))
