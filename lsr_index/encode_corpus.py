@@ -277,7 +277,8 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
     """Encode `job` into `out`, resuming whatever an earlier run left; one worker per device."""
     from tqdm import tqdm
 
-    from .models import EMBEDDED, max_length, resolve_model, weights_sha256
+    from .model_files import model_sha256
+    from .models import EMBEDDED, max_length, resolve_model
 
     options = job.options
     model_path = resolve_model(job.model)
@@ -287,7 +288,7 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
                             f"({options.doc_max_length}) or --query-max-length ({options.query_max_length})")
     fresh = Manifest(
         model={"name": job.model if job.model in EMBEDDED else str(model_path.resolve()),
-               "sha256": weights_sha256(model_path)},
+               "sha256": model_sha256(model_path)},
         encoder={"doc_max_length": options.doc_max_length, "query_max_length": options.query_max_length,
                  "dtype": job.dtype, "backend": options.backend},
         quantization=options.quantization.to_dict(), input=_describe_input(job), output_format=options.output_format,
