@@ -261,7 +261,8 @@ def presets() -> None:
               help="Vectors directory from `encode` [default: WORKDIR/vectors].")
 @click.option("--index", type=click.Path(file_okay=False, path_type=Path),
               help="Index from `build`, for --query [default: WORKDIR/index].")
-@click.option("--top", type=click.IntRange(1), default=20, help="Terms listed per document, query or ranking.")
+@click.option("--top", type=click.IntRange(1), default=20,
+              help="Terms listed per document and query, and in the document-frequency ranking.")
 @click.option("--png", type=click.Path(dir_okay=False, path_type=Path),
               help="Write histograms of nonzeros per document and of impacts (implies --stats; needs matplotlib).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
@@ -299,6 +300,7 @@ def inspect(ctx: click.Context, doc_ids: tuple[str, ...], query_texts: tuple[str
         report["corpus"] = gathered.report(top)
         if png is not None:
             inspection.write_png(gathered, png)
+            report["corpus"]["png"] = str(png)
     click.echo(json.dumps(report, ensure_ascii=False) if as_json else inspection.render(report))
     if png is not None and not as_json:
         click.echo(f"histograms → {png}")
