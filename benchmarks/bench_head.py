@@ -80,8 +80,9 @@ class GpuMonitor:
 
     POWER_CAP = 0x4  # clocks_throttle_reasons.active bit: software power cap
 
-    def __init__(self, period_ms: int = 50) -> None:
+    def __init__(self, period_ms: int = 50, start_timeout_s: float = 5.0) -> None:
         self.samples: list[tuple[float, float, float, int]] = []
+        self._first = threading.Event()
         uuid = f"GPU-{torch.cuda.get_device_properties(torch.cuda.current_device()).uuid}"
         query = "clocks.sm,power.draw,clocks_throttle_reasons.active"
         try:
@@ -94,14 +95,20 @@ class GpuMonitor:
             self.proc = None
             return
         threading.Thread(target=self._read, daemon=True).start()
+        # nvidia-smi takes a moment to start: wait for its first sample, so no timing begins before one can exist
+        self._first.wait(start_timeout_s)
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                mhz, watts, reasons = (x.strip() for x in line.split(","))
-                self.samples.append((time.time(), float(mhz), float(watts), int(reasons, 16)))
-            except ValueError:  # "[N/A]" fields
-                continue
+        try:
+            for line in self.proc.stdout:
+                try:
+                    mhz, watts, reasons = (x.strip() for x in line.split(","))
+                    self.samples.append((time.time(), float(mhz), float(watts), int(reasons, 16)))
+                    self._first.set()
+                except ValueError:  # "[N/A]" fields
+                    continue
+        finally:  # nvidia-smi ended (e.g. an unsupported query): nothing more to wait for
+            self._first.set()
 
     def window(self, t0: float, t1: float) -> dict:
         return window_state(self.samples, t0, t1)
