@@ -135,13 +135,18 @@ def corpus_stats(directory: Path, progress: bool = False) -> CorpusStats:
 
 
 def _truncation(manifest: Manifest, documents: int) -> dict | None:
-    """What the encoder recorded about documents cut at doc_max_length; None when it recorded nothing."""
-    recorded = {key: value for key, value in manifest.stats.items() if "truncat" in key}
-    if not recorded:
-        return None
-    count = next((v for v in recorded.values() if isinstance(v, int) and not isinstance(v, bool)), None)
-    share = {"share": round(count / documents, 4)} if count is not None and documents else {}
-    return {"doc_max_length": manifest.encoder.get("doc_max_length"), **recorded, **share}
+    """Documents cut at doc_max_length (count, share, what else the encoder recorded); None if it recorded nothing.
+
+    Read from the manifest's `truncation` record where it has one, else from a `stats` entry naming it.
+    """
+    recorded = getattr(manifest, "truncation", None)
+    if not isinstance(recorded, dict):
+        stats = {key: value for key, value in manifest.stats.items() if "truncat" in key}
+        count = next((v for v in stats.values() if isinstance(v, int) and not isinstance(v, bool)), None)
+        if count is None:
+            return None
+        recorded = {"documents": count, "share": round(count / max(documents, 1), 6), **stats}
+    return {"doc_max_length": manifest.encoder.get("doc_max_length"), **recorded}
 
 
 def _vocab_size(manifest: Manifest) -> int | None:
@@ -211,13 +216,19 @@ def _render_corpus(c: dict) -> list[str]:
                           f"max {s['max']:,}") if s["count"] else "none"
     vocab = c["vocabulary"]
     size = f"{vocab['vocab_size']:,} ({vocab['coverage']:.1%})" if vocab["vocab_size"] else "unknown"
-    truncation = c["truncation"]
     lines = [f"{c['vectors']}: {c['documents']:,} documents{'' if c['complete'] else ' (encoding incomplete)'}, "
              f"model {c['model']}, impacts = round(weight × {c['scale']:g})",
              f"  nonzeros per document: {describe(c['nonzeros_per_doc'])}",
              f"  impacts ({c['impacts']['count']:,}): {describe(c['impacts'])}",
-             "  truncated at doc_max_length: " + (", ".join(f"{k} {v}" for k, v in truncation.items())
-                                                  if truncation else "not recorded"),
+             f"  truncated at doc_max_length: {_describe_truncation(c['truncation'])}",
              f"  vocabulary: {vocab['terms_used']:,} distinct terms used of {size}",
              "  highest document frequency: " + ", ".join(f"{t} {share:.0%}" for t, _, share in vocab["top_df"])]
     return lines
+
+
+def _describe_truncation(t: dict | None) -> str:
+    if not t:
+        return "not recorded"
+    rest = ", ".join(f"{k} {v:,}" for k, v in t.items() if k not in ("doc_max_length", "documents", "share"))
+    return f"{t['documents']:,} documents ({t['share']:.1%}) at {t['doc_max_length']} tokens" + \
+        (f"; {rest}" if rest else "")

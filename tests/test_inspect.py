@@ -76,7 +76,9 @@ def test_truncation_is_read_from_the_manifest(work, tmp_path):
     manifest.stats["truncated_docs"] = 6
     manifest.save(copy)
     corpus = inspect(work, "--vectors", str(copy))["corpus"]
-    assert corpus["truncation"] == {"doc_max_length": 96, "truncated_docs": 6, "share": 0.15}
+    assert corpus["truncation"] == {"doc_max_length": 96, "documents": 6, "share": 0.15, "truncated_docs": 6}
+    text = CliRunner().invoke(main, ["-q", "inspect", "--vectors", str(copy)]).stdout
+    assert "truncated at doc_max_length: 6 documents (15.0%) at 96 tokens; truncated_docs 6" in text
     text = CliRunner().invoke(main, ["-q", "inspect", "--vectors", str(work / "vectors")]).stdout
     assert "truncated at doc_max_length: not recorded" in text
 
