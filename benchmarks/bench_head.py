@@ -41,7 +41,8 @@ BATCHES = (16, 32, 64, 128, 256, 512)
 COMPILE_AT = {30_522: (128, 512), 250_002: (128,)}  # torch.compile costs ~10-30 s per shape
 FP16_AT = (128,)
 BUDGET = 16 * 2**30
-RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def load_sparton():
@@ -53,7 +54,7 @@ def load_sparton():
             return sparton
     except ImportError:
         pass
-    kernels = Path(__file__).resolve().parents[1] / "kernels"
+    kernels = ROOT / "kernels"
     spec = importlib.util.spec_from_file_location(
         "sparton", kernels / "__init__.py", submodule_search_locations=[str(kernels)]
     )
@@ -79,8 +80,9 @@ class GpuMonitor:
 
     POWER_CAP = 0x4  # clocks_throttle_reasons.active bit: software power cap
 
-    def __init__(self, period_ms: int = 50) -> None:
+    def __init__(self, period_ms: int = 50, start_timeout_s: float = 5.0) -> None:
         self.samples: list[tuple[float, float, float, int]] = []
+        self._first = threading.Event()
         uuid = f"GPU-{torch.cuda.get_device_properties(torch.cuda.current_device()).uuid}"
         query = "clocks.sm,power.draw,clocks_throttle_reasons.active"
         try:
@@ -93,30 +95,43 @@ class GpuMonitor:
             self.proc = None
             return
         threading.Thread(target=self._read, daemon=True).start()
+        # nvidia-smi takes a moment to start: wait for its first sample, so no timing begins before one can exist
+        self._first.wait(start_timeout_s)
 
     def _read(self) -> None:
-        for line in self.proc.stdout:
-            try:
-                mhz, watts, reasons = (x.strip() for x in line.split(","))
-                self.samples.append((time.time(), float(mhz), float(watts), int(reasons, 16)))
-            except ValueError:  # "[N/A]" fields
-                continue
+        try:
+            for line in self.proc.stdout:
+                try:
+                    mhz, watts, reasons = (x.strip() for x in line.split(","))
+                    self.samples.append((time.time(), float(mhz), float(watts), int(reasons, 16)))
+                    self._first.set()
+                except ValueError:  # "[N/A]" fields
+                    continue
+        finally:  # nvidia-smi ended (e.g. an unsupported query): nothing more to wait for
+            self._first.set()
 
     def window(self, t0: float, t1: float) -> dict:
-        inside = [s for s in self.samples if t0 <= s[0] <= t1]
-        if not inside:
-            return {}
-        return {
-            "sm_mhz": statistics.median(s[1] for s in inside),
-            "watts": statistics.median(s[2] for s in inside),
-            "power_capped": sum(bool(s[3] & self.POWER_CAP) for s in inside) / len(inside),
-        }
+        return window_state(self.samples, t0, t1)
 
     def close(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
 
 
+def window_state(samples: list[tuple[float, float, float, int]], t0: float, t1: float) -> dict:
+    """Medians of the samples taken in [t0, t1]; null fields when there are none (no nvidia-smi, or a timing
+    shorter than the sampling period on a slow-starting sampler): a row is never short of its keys."""
+    inside = [s for s in samples if t0 <= s[0] <= t1]
+    if not inside:
+        return dict.fromkeys(STATE_KEYS)
+    return {
+        "sm_mhz": statistics.median(s[1] for s in inside),
+        "watts": statistics.median(s[2] for s in inside),
+        "power_capped": sum(bool(s[3] & GpuMonitor.POWER_CAP) for s in inside) / len(inside),
+    }
+
+
+STATE_KEYS = ("sm_mhz", "watts", "power_capped")
 MONITOR: GpuMonitor | None = None  # set by benchmark()
 WARMUP_MS = 300  # long enough for the power cap to settle (it acts within ~100 ms)
 
@@ -125,7 +140,7 @@ def _timed(fn: Callable[[], object], warmup: float, rep: float) -> tuple[float, 
     """do_bench median of fn and the GPU state during its timed calls."""
     t0 = time.time()
     ms = do_bench(fn, warmup=warmup, rep=rep, return_mode="median")
-    return ms, MONITOR.window(t0 + warmup / 1e3, time.time()) if MONITOR else {}
+    return ms, MONITOR.window(t0 + warmup / 1e3, time.time()) if MONITOR else dict.fromkeys(STATE_KEYS)
 
 
 def matmul_peak_tflops(warmup_ms: float = WARMUP_MS, dtype: torch.dtype = torch.bfloat16) -> tuple[float, dict]:
@@ -211,7 +226,7 @@ def fit_batch(kind: str, vocab: int, probe: tuple[int, int]) -> dict:
     return {"max_batch": batch, "bytes_at_max": seen, "bytes_per_doc": slope}
 
 
-def benchmark(args: argparse.Namespace) -> None:
+def benchmark(out: Path) -> None:
     global MONITOR
     MONITOR = GpuMonitor()
     gpu = torch.cuda.get_device_name()
@@ -303,7 +318,7 @@ def benchmark(args: argparse.Namespace) -> None:
             if row["status"] == "ok":
                 row["x_floor"] = row["ms"] / row["floor_ms"]
     print(f"bf16 matmul after the timings: {again:.0f} TFLOP/s {_state(state)}; floors use {tflops:.0f}", flush=True)
-    write_results(gpu, meta, rows, {})  # in case the fit search runs out of time
+    write_results(gpu, meta, rows, {}, out)  # in case the fit search runs out of time
     fits = {}
     for vocab in VOCABS:
         fits[vocab] = {
@@ -317,16 +332,15 @@ def benchmark(args: argparse.Namespace) -> None:
             f"eager {fits[vocab]['eager']['max_batch']}, ratio {ratio:.1f}x",
             flush=True,
         )
-    meta["autotuned_configs"] = {
-        str(k): str(v) for k, v in sparton.splade_head._splade_max_tuned.cache.items()
-    }
-    write_results(gpu, meta, rows, fits)
+    tuned = getattr(sparton.splade_head, "_splade_max_tuned", None)  # private: may move with the kernel
+    meta["autotuned_configs"] = {str(k): str(v) for k, v in getattr(tuned, "cache", {}).items()}
+    write_results(gpu, meta, rows, fits, out)
     summary(rows, fits)
-    MONITOR.close()
 
 
 def _state(state: dict) -> str:
-    if not state:
+    """'@ 1560 MHz 699 W (capped 100%)', or '' for a row without GPU samples."""
+    if state.get("sm_mhz") is None:
         return ""
     return f"@ {state['sm_mhz']:.0f} MHz {state['watts']:.0f} W (capped {state['power_capped']:.0%})"
 
@@ -341,15 +355,15 @@ def _fmt(row: dict) -> str:
     )
 
 
-def write_results(gpu: str, meta: dict, rows: list[dict], fits: dict) -> None:
+def write_results(gpu: str, meta: dict, rows: list[dict], fits: dict, out: Path = RESULTS) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     tag = gpu.replace("NVIDIA", "").split()[0]
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = RESULTS / f"head_{tag}"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"head_{tag}"
     stem.with_suffix(".json").write_text(
         json.dumps({"meta": meta, "rows": rows, "fit_16GiB": fits}, indent=1)
     )
@@ -404,7 +418,8 @@ def write_results(gpu: str, meta: dict, rows: list[dict], fits: dict) -> None:
     )
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=120)
-    print(f"wrote {stem.relative_to(RESULTS.parents[1])}.json/.csv/.png")  # repository-relative: logs get committed
+    shown = stem.resolve().relative_to(ROOT) if stem.resolve().is_relative_to(ROOT) else stem
+    print(f"wrote {shown}.json/.csv/.png")  # repository-relative where possible: logs get committed
 
 
 def summary(rows: list[dict], fits: dict) -> None:
@@ -524,7 +539,13 @@ if __name__ == "__main__":
     parser.add_argument(
         "--sweep", action="store_true", help="time each kernel config instead of the full run"
     )
-    if parser.parse_args().sweep:
-        sweep()
-    else:
-        benchmark(parser.parse_args())
+    parser.add_argument("--out", type=Path, default=RESULTS, help="directory for head_<GPU>.json/.csv/.png")
+    args = parser.parse_args()
+    try:
+        if args.sweep:
+            sweep()
+        else:
+            benchmark(args.out)
+    finally:
+        if MONITOR is not None:
+            MONITOR.close()

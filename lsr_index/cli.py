@@ -252,6 +252,60 @@ def presets() -> None:
         click.echo(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items() if k in PRESET_KEYS))
 
 
+@main.command()
+@click.argument("doc_ids", nargs=-1)
+@click.option("--query", "query_texts", multiple=True,
+              help="Show this query's vector, encoded with the index's model and quantization (repeatable).")
+@click.option("--stats", is_flag=True, help="Corpus statistics (the default when no id and no --query is given).")
+@click.option("--vectors", type=click.Path(file_okay=False, path_type=Path),
+              help="Vectors directory from `encode` [default: WORKDIR/vectors].")
+@click.option("--index", type=click.Path(file_okay=False, path_type=Path),
+              help="Index from `build`, for --query [default: WORKDIR/index].")
+@click.option("--top", type=click.IntRange(1), default=20,
+              help="Terms listed per document and query, and in the document-frequency ranking.")
+@click.option("--png", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write histograms of nonzeros per document and of impacts (implies --stats; needs matplotlib).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+@click.option("--model", "-m", help="Override the index's model path for --query (must be the same weights).")
+@click.option("--device", default="cpu", help="Device for query encoding.")
+@click.pass_context
+@friendly_errors
+def inspect(ctx: click.Context, doc_ids: tuple[str, ...], query_texts: tuple[str, ...], stats: bool,
+            vectors: Path | None, index: Path | None, top: int, png: Path | None, as_json: bool,
+            model: str | None, device: str) -> None:
+    """See inside the vectors: documents' top terms by id, a query's expansion, corpus statistics.
+
+    \b
+    lsr-index inspect 4983 --top 10          # a document's largest impacts
+    lsr-index inspect --query "sleep and memory"   # the terms search sends to Lucene (+: expansion)
+    lsr-index inspect --png stats.png        # nonzeros, impacts, truncation, vocabulary coverage
+    """
+    import json
+
+    from . import inspect as inspection
+
+    vectors = vectors or ctx.obj["workdir"] / "vectors"
+    stats = stats or png is not None or not (doc_ids or query_texts)
+    if png is not None:
+        inspection.require_matplotlib()
+    progress = ctx.obj["progress"]
+    report: dict = {}
+    if doc_ids:
+        report["documents"] = inspection.documents(vectors, doc_ids, top, progress)
+    if query_texts:
+        report["queries"] = inspection.queries(index or ctx.obj["workdir"] / "index", query_texts, top, model,
+                                               _devices(device)[0])
+    if stats:
+        gathered = inspection.corpus_stats(vectors, progress)
+        report["corpus"] = gathered.report(top)
+        if png is not None:
+            inspection.write_png(gathered, png)
+            report["corpus"]["png"] = str(png)
+    click.echo(json.dumps(report, ensure_ascii=False) if as_json else inspection.render(report))
+    if png is not None and not as_json:
+        click.echo(f"histograms → {png}")
+
+
 def _shared_option(name: str, *decls: str, **kwargs) -> click.Option:
     """`--workdir`/`--quiet` after the subcommand too (`lsr-index build -w out`), overriding the group's."""
 

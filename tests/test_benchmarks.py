@@ -1,0 +1,48 @@
+"""The benchmarks' reporting runs without a GPU: a rerun on another machine must not die after its timings."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    """A benchmark script as a module (benchmarks/ is not a package)."""
+    pytest.importorskip("triton")  # imported here, not at collection: test_sparton sets TRITON_INTERPRET first
+    spec = importlib.util.spec_from_file_location(f"bench_{name}_under_test", BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_head_reports_rows_without_gpu_samples(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    bench = load("bench_head")
+    samples = [(10.0, 1500.0, 690.0, 0x4), (10.05, 1520.0, 700.0, 0x0), (11.0, 1980.0, 300.0, 0x0)]
+    assert bench.window_state(samples, 9.9, 10.1) == {"sm_mhz": 1510.0, "watts": 695.0, "power_capped": 0.5}
+    empty = bench.window_state(samples, 10.2, 10.9)  # a timing shorter than the gap between two samples
+    assert empty == {"sm_mhz": None, "watts": None, "power_capped": None}
+    rows = []
+    for variant, ms, batch in (("kernel", 2.6, 128), ("eager", 12.0, 128), ("kernel_packed", 2.8, 548)):
+        tokens = 32768
+        rows.append({"vocab": 30522, "batch": batch, "seq": 256, "dtype": "bfloat16", "variant": variant,
+                     "tokens": tokens, "floor_ms": 2.2, "status": "ok", "ms": ms, "peak_bytes": 2**24,
+                     "x_floor": ms / 2.2, "extra_bytes_beyond_output": 2**20, **empty})
+    for row in rows:
+        print(bench._fmt(row))  # KeyError: 'sm_mhz' here, before the fix
+    meta = {"matmul_bf16_tflops": 690.0, "matmul_state": empty}
+    bench.write_results("NVIDIA Test GPU", meta, rows, {}, tmp_path)
+    bench.summary(rows, {})
+    written = json.loads((tmp_path / "head_Test.json").read_text())
+    assert written["rows"][0]["sm_mhz"] is None and written["meta"]["matmul_state"]["watts"] is None
+    assert (tmp_path / "head_Test.png").read_bytes().startswith(b"\x89PNG")
+    out = capsys.readouterr().out
+    assert "kernel     2.600 ms" in out and "MHz" not in out
+    assert f"{12.0 / 2.6:.2f}" in out.splitlines()[-1]  # the summary's eager / kernel ratio
