@@ -8,7 +8,7 @@ from pathlib import Path
 
 from .errors import InputError, LsrIndexError
 from .lucene import ImpactSearcher, IndexGeneration, index_manifest
-from .manifest import atomic_write_bytes
+from .manifest import Manifest, atomic_write_bytes
 from .quantize import Quantization, quantize
 from .topics import id_problem, text_lines
 
@@ -16,23 +16,24 @@ Run = dict[str, list[tuple[str, float]]]
 RUN_FORMATS = ("trec", "msmarco")
 
 
-def load_query_encoder(index: Path | IndexGeneration, model: str | None, device: str, backend: str):
-    """The encoder and quantization recorded in the index's manifest; a different model is refused."""
+def load_query_encoder(index: Path, model: str | None, device: str, backend: str):
+    """The encoder and quantization recorded in the manifest of the index published now."""
+    _, manifest = index_manifest(index)
+    return (*query_encoder(manifest, index, model, device, backend), manifest)
+
+
+def query_encoder(manifest: Manifest, index: Path, model: str | None, device: str, backend: str):
+    """The encoder and quantization that `manifest` records; a different model is refused."""
     import torch
 
     from .encoder import SpladeEncoder
     from .models import load_model
 
-    if isinstance(index, IndexGeneration):
-        (_, manifest), index = index.record(), index.index
-    else:
-        _, manifest = index_manifest(index)
     loaded = load_model(model or manifest.model["name"], device=device, dtype=torch.float32)
     if loaded.sha256 != manifest.model["sha256"]:
         raise LsrIndexError(f"model {model or manifest.model['name']!r} (sha256 {loaded.sha256[:12]}…) is not "
                             f"the one that encoded {index} (sha256 {manifest.model['sha256'][:12]}…)")
-    q = manifest.quantization
-    return SpladeEncoder(loaded, backend=backend), Quantization(scale=q["scale"]), manifest
+    return SpladeEncoder(loaded, backend=backend), Quantization(scale=manifest.quantization["scale"])
 
 
 def encode_queries(encoder, quantization: Quantization, queries: Sequence[tuple[str, str]], max_length: int,
@@ -55,15 +56,16 @@ def encode_queries(encoder, quantization: Quantization, queries: Sequence[tuple[
 
 def search(index: Path, queries: Sequence[tuple[str, str]], hits: int = 1000, threads: int = 1,
            model: str | None = None, device: str = "cpu", backend: str = "auto", progress: bool = False) -> Run:
-    """Search one generation of `index` from start to end: its record, model and Lucene files are read through
-    one open, share-locked directory (see IndexGeneration), so a `build --overwrite` meanwhile changes nothing.
-    The index is opened and verified before the model is loaded: a damaged index fails at once."""
+    """Search one generation of `index` from start to end: its record and its Lucene files are read through one
+    open, share-locked directory (see IndexGeneration), so a `build --overwrite` meanwhile changes nothing.
+    Lucene is opened and verified before the model is loaded: a damaged index fails at once."""
     from tqdm import tqdm
 
     with IndexGeneration(index) as generation:
+        _, manifest = generation.record()
         searcher = ImpactSearcher(generation)
         try:
-            encoder, quantization, manifest = load_query_encoder(generation, model, device, backend)
+            encoder, quantization = query_encoder(manifest, index, model, device, backend)
             vectors = encode_queries(encoder, quantization, queries, manifest.encoder["query_max_length"],
                                      progress=progress)
             with tqdm(total=len(vectors), desc="search", unit="q", disable=None if progress else True,
