@@ -14,6 +14,7 @@ import fcntl
 import importlib.util
 import json
 import os
+import re
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -75,11 +76,13 @@ def _java_failure(exc: Exception, index: Path, what: str, lucene_dir: str | None
     text = " ".join(str(getattr(exc, "innermessage", None) or exc).split())
     if lucene_dir:
         text = text.replace(lucene_dir, str(index))
+    text = re.sub(r"\w+Directory@(\S+) lockFactory=\S+", r"\1", text)
     if len(text) > 400:
         text = text[:400] + "…"
-    hint = "the index is damaged or incomplete: rebuild it with `lsr-index build --overwrite`" \
-        if kind in _DAMAGE else "rerun; if it persists, rebuild the index with `lsr-index build --overwrite`"
-    return LsrIndexError(f"{index}: {what}: {kind}: {text} ({hint})")
+    if kind in _DAMAGE:
+        return LsrIndexError(f"{index}: the Lucene index is damaged: {kind}: {text} (rebuild it with "
+                             "`lsr-index build --overwrite`)")
+    return LsrIndexError(f"{index}: {what}: {kind}: {text}")
 
 
 _DAMAGE = {"CorruptIndexException", "EOFException", "IndexFormatTooOldException", "IndexFormatTooNewException",
@@ -230,9 +233,7 @@ def check_index(index: Path, deep: bool) -> None:
 def _check_status(status) -> str:
     """The first problem CheckIndex found, in its own words."""
     if status.missingSegments:
-        return "the segments file or a segment it lists is missing"
-    if status.cantOpenSegments:
-        return "the segments file cannot be read"
+        return "no readable segments_N file"
     for segment in status.segmentInfos.toArray():
         if segment.error is not None:
             return f"segment {segment.name}: {segment.error.toString()}"
