@@ -76,7 +76,7 @@ def _java_failure(exc: Exception, index: Path, what: str, lucene_dir: str | None
     text = " ".join(str(getattr(exc, "innermessage", None) or exc).split())
     if lucene_dir:
         text = text.replace(lucene_dir, str(index))
-    text = re.sub(r"\w+Directory@(\S+) lockFactory=\S+", r"\1", text)
+    text = re.sub(r"\w+Directory@(\S+) lockFactory=[^\s:]+", r"\1", text)
     if len(text) > 400:
         text = text[:400] + "…"
     if kind in _DAMAGE:
