@@ -206,26 +206,35 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
 
     Ctrl-C and SIGTERM stop it at once and leave no run file (exit 130 and 143).
     """
+    import os
     import signal
 
     from . import search as searching
     from .search import read_run
     from .topics import read_qrels, read_queries
 
-    def terminated(signum, frame):
-        click.echo("terminated: no run was written", err=True)
-        sys.exit(128 + signum)
+    received = [signal.SIGINT]
 
-    signal.signal(signal.SIGTERM, terminated)
+    def terminate(signum, frame):  # unwinds as Ctrl-C does: the run file is written whole or not at all
+        received[0] = signum
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
     index = index or ctx.obj["workdir"] / "index"
     stem = queries.name.removesuffix(".gz").rsplit(".", 1)[0]
     run_path = run_path or ctx.obj["workdir"] / "runs" / f"{stem}.{run_format}"
     topics = read_queries(queries, notice=lambda text: click.echo(f"note: {text}", err=True))
     judged = read_qrels(qrels) if qrels else None
     t0 = time.perf_counter()
-    run = searching.search(index, topics, hits=hits, threads=threads, model=model, device=_devices(device)[0],
-                           progress=ctx.obj["progress"])
-    searching.write_run(run_path, run, run_format)
+    try:
+        run = searching.search(index, topics, hits=hits, threads=threads, model=model,
+                               device=_devices(device)[0], progress=ctx.obj["progress"])
+        searching.write_run(run_path, run, run_format)
+    except KeyboardInterrupt:  # Java may still be searching in its own threads: end now, not after them
+        click.echo(f"{'terminated' if received[0] == signal.SIGTERM else 'interrupted'}: no run was written",
+                   err=True)
+        sys.stderr.flush()
+        os._exit(128 + received[0])
     click.echo(f"searched {len(topics):,} queries in {time.perf_counter() - t0:.1f} s → {run_path}")
     if judged is not None:  # the metrics of the file written, so that `eval` of it prints the same
         _print_metrics(read_run(run_path), judged, ctx.obj["progress"])
