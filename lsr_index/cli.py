@@ -184,63 +184,88 @@ def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads:
 
 @main.command()
 @click.option("--queries", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Queries: TSV 'qid<TAB>text' or JSONL.")
+              help="Queries: TSV 'qid<TAB>text' (a header line naming the columns is skipped) or JSONL.")
 @click.option("--index", type=click.Path(file_okay=False, path_type=Path),
               help="Index from `build` [default: WORKDIR/index].")
 @click.option("--run", "-o", "run_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Run file to write [default: WORKDIR/runs/<queries name>.trec].")
-@click.option("--hits", type=click.IntRange(1), default=1000, help="Results per query.")
-@click.option("--threads", type=click.IntRange(1), default=2, help="Search threads.")
+@click.option("--hits", type=click.IntRange(1, 2**31 - 1), default=1000,
+              help="Results per query (at most the index's documents).")
+@click.option("--threads", type=click.IntRange(1, 256), default=2, help="Search threads.")
 @click.option("--format", "run_format", type=click.Choice(["trec", "msmarco"]), default="trec",
               help="trec: 'qid Q0 docid rank score tag'; msmarco: 'qid<TAB>docid<TAB>rank'.")
 @click.option("--qrels", type=click.Path(dir_okay=False, path_type=Path),
-              help="Relevance judgments: when given, metrics are printed.")
+              help="Relevance judgments: when given, the run file's metrics are printed.")
 @click.option("--model", "-m", help="Override the model path (must be the same weights as the index's).")
 @click.option("--device", default="cpu", help="Device for query encoding.")
 @click.pass_context
 @friendly_errors
 def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path | None, hits: int,
            threads: int, run_format: str, qrels: Path | None, model: str | None, device: str) -> None:
-    """Search the index with queries encoded by the index's own model and quantization."""
+    """Search the index with queries encoded by the index's own model and quantization.
+
+    Ctrl-C and SIGTERM stop it at once and leave no run file (exit 130 and 143).
+    """
+    import os
+    import signal
+
     from . import search as searching
+    from .search import read_run
     from .topics import read_qrels, read_queries
 
+    received = [signal.SIGINT]
+
+    def terminate(signum, frame):  # unwinds as Ctrl-C does: the run file is written whole or not at all
+        received[0] = signum
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
     index = index or ctx.obj["workdir"] / "index"
     stem = queries.name.removesuffix(".gz").rsplit(".", 1)[0]
     run_path = run_path or ctx.obj["workdir"] / "runs" / f"{stem}.{run_format}"
-    topics = read_queries(queries)
+    topics = read_queries(queries, notice=lambda text: click.echo(f"note: {text}", err=True))
     judged = read_qrels(qrels) if qrels else None
     t0 = time.perf_counter()
-    run = searching.search(index, topics, hits=hits, threads=threads, model=model, device=_devices(device)[0])
-    searching.write_run(run_path, run, run_format)
+    try:
+        run = searching.search(index, topics, hits=hits, threads=threads, model=model,
+                               device=_devices(device)[0], progress=ctx.obj["progress"])
+        searching.write_run(run_path, run, run_format)
+    except KeyboardInterrupt:  # Java may still be searching in its own threads: end now, not after them
+        click.echo(f"{'terminated' if received[0] == signal.SIGTERM else 'interrupted'}: no run was written",
+                   err=True)
+        sys.stderr.flush()
+        os._exit(128 + received[0])
     click.echo(f"searched {len(topics):,} queries in {time.perf_counter() - t0:.1f} s → {run_path}")
-    if judged is not None:
-        _print_metrics(run, judged)
+    if judged is not None:  # the metrics of the file written, so that `eval` of it prints the same
+        _print_metrics(read_run(run_path), judged, ctx.obj["progress"])
 
 
 @main.command("eval")
 @click.option("--run", "run_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
-              help="TREC run file.")
+              help="Run file (TREC or MS MARCO, as `search` writes them).")
 @click.option("--qrels", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Relevance judgments (TREC 'qid 0 docid rel' or BEIR TSV).")
+@click.pass_context
 @friendly_errors
-def evaluate(run_path: Path, qrels: Path) -> None:
-    """Score a run: nDCG@10, RR@10 (MRR@10), R@100, R@1000, AP@1000 (MAP)."""
+def evaluate(ctx: click.Context, run_path: Path, qrels: Path) -> None:
+    """Score a run: nDCG@10, MRR@10, R@100, R@1000, MAP (ir_measures: MRR@10 is RR@10, MAP is AP@1000)."""
     from .search import read_run
     from .topics import read_qrels
 
-    _print_metrics(read_run(run_path), read_qrels(qrels))
+    _print_metrics(read_run(run_path), read_qrels(qrels), ctx.obj["progress"])
 
 
-def _print_metrics(run, qrels) -> None:
-    from .evaluate import evaluate as score
-    from .evaluate import format_metrics
+def _print_metrics(run, qrels, legend: bool) -> None:
+    """The metric line on stdout (for scripts); which ir_measures measures the names stand for on stderr."""
+    from .evaluate import LEGEND, evaluate, format_metrics
 
     missing = sum(1 for qid in qrels if not run.get(qid))
     if missing:
         click.echo(f"note: {missing} of {len(qrels)} judged queries have no results in the run; they score 0",
                    err=True)
-    click.echo(format_metrics(score(run, qrels)))
+    if legend:
+        click.echo(f"means over {len(qrels):,} judged queries; {LEGEND}", err=True)
+    click.echo(format_metrics(evaluate(run, qrels)))
 
 
 @main.command()

@@ -5,6 +5,8 @@ from __future__ import annotations
 from .errors import LsrIndexError
 
 MEASURES = ("nDCG@10", "RR@10", "R@100", "R@1000", "AP@1000")
+NAMES = {"RR@10": "MRR@10", "AP@1000": "MAP"}  # the names users know (and the README's table) for two of them
+LEGEND = "MRR@10 = mean RR@10, MAP = mean AP@1000 (ir_measures; a judged query without results scores 0)"
 
 
 def evaluate(run: dict[str, list[tuple[str, float]]], qrels: dict[str, dict[str, int]],
@@ -24,4 +26,5 @@ def evaluate(run: dict[str, list[tuple[str, float]]], qrels: dict[str, dict[str,
 
 
 def format_metrics(metrics: dict[str, float]) -> str:
-    return "  ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+    """'nDCG@10 0.6436  MRR@10 0.6159  R@100 0.8930  R@1000 0.9733  MAP 0.6072'."""
+    return "  ".join(f"{NAMES.get(name, name)} {value:.4f}" for name, value in metrics.items())

@@ -2,61 +2,91 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from .errors import LsrIndexError
-from .lucene import ImpactSearcher, index_manifest
-from .manifest import atomic_write_bytes
+from .errors import InputError, LsrIndexError
+from .lucene import ImpactSearcher, IndexGeneration, index_manifest
+from .manifest import Manifest, atomic_write_bytes
 from .quantize import Quantization, quantize
+from .topics import id_problem, text_lines
 
 Run = dict[str, list[tuple[str, float]]]
 RUN_FORMATS = ("trec", "msmarco")
 
 
 def load_query_encoder(index: Path, model: str | None, device: str, backend: str):
-    """The encoder and quantization recorded in the index's manifest; a different model is refused."""
+    """The encoder and quantization recorded in the manifest of the index published now."""
+    _, manifest = index_manifest(index)
+    return (*query_encoder(manifest, index, model, device, backend), manifest)
+
+
+def query_encoder(manifest: Manifest, index: Path, model: str | None, device: str, backend: str):
+    """The encoder and quantization that `manifest` records; a different model is refused."""
     import torch
 
     from .encoder import SpladeEncoder
     from .models import load_model
 
-    _, manifest = index_manifest(index)
     loaded = load_model(model or manifest.model["name"], device=device, dtype=torch.float32)
     if loaded.sha256 != manifest.model["sha256"]:
         raise LsrIndexError(f"model {model or manifest.model['name']!r} (sha256 {loaded.sha256[:12]}…) is not "
                             f"the one that encoded {index} (sha256 {manifest.model['sha256'][:12]}…)")
-    q = manifest.quantization
-    return SpladeEncoder(loaded, backend=backend), Quantization(scale=q["scale"]), manifest
+    return SpladeEncoder(loaded, backend=backend), Quantization(scale=manifest.quantization["scale"])
 
 
 def encode_queries(encoder, quantization: Quantization, queries: Sequence[tuple[str, str]], max_length: int,
-                   batch: int = 256) -> list[tuple[str, dict[str, int]]]:
+                   batch: int = 256, progress: bool = False) -> list[tuple[str, dict[str, int]]]:
+    from tqdm import tqdm
+
     vocab = encoder.model.vocab
     out = []
-    for start in range(0, len(queries), batch):
-        chunk = queries[start:start + batch]
-        vectors = quantize(encoder.encode([text for _, text in chunk], max_length), quantization)
-        for i, (qid, _) in enumerate(chunk):
-            terms, weights = vectors.row(i)
-            out.append((qid, {vocab[t]: int(w) for t, w in zip(terms.tolist(), weights.tolist())}))
+    with tqdm(total=len(queries), desc="encode queries", unit="q", disable=None if progress else True,
+              dynamic_ncols=True) as bar:
+        for start in range(0, len(queries), batch):
+            chunk = queries[start:start + batch]
+            vectors = quantize(encoder.encode([text for _, text in chunk], max_length), quantization)
+            for i, (qid, _) in enumerate(chunk):
+                terms, weights = vectors.row(i)
+                out.append((qid, {vocab[t]: int(w) for t, w in zip(terms.tolist(), weights.tolist())}))
+            bar.update(len(chunk))
     return out
 
 
 def search(index: Path, queries: Sequence[tuple[str, str]], hits: int = 1000, threads: int = 1,
-           model: str | None = None, device: str = "cpu", backend: str = "auto") -> Run:
-    encoder, quantization, manifest = load_query_encoder(index, model, device, backend)
-    vectors = encode_queries(encoder, quantization, queries, manifest.encoder["query_max_length"])
-    searcher = ImpactSearcher(index)
-    try:
-        return searcher.search(vectors, hits=hits, threads=threads)
-    finally:
-        searcher.close()
+           model: str | None = None, device: str = "cpu", backend: str = "auto", progress: bool = False) -> Run:
+    """Search one generation of `index` from start to end: its record and its Lucene files are read through one
+    open, share-locked directory (see IndexGeneration), so a `build --overwrite` meanwhile changes nothing.
+    Lucene is opened and verified before the model is loaded: a damaged index fails at once."""
+    from tqdm import tqdm
+
+    with IndexGeneration(index) as generation:
+        _, manifest = generation.record()
+        searcher = ImpactSearcher(generation)
+        try:
+            encoder, quantization = query_encoder(manifest, index, model, device, backend)
+            vectors = encode_queries(encoder, quantization, queries, manifest.encoder["query_max_length"],
+                                     progress=progress)
+            with tqdm(total=len(vectors), desc="search", unit="q", disable=None if progress else True,
+                      dynamic_ncols=True) as bar:
+                return searcher.search(vectors, hits=hits, threads=threads, progress=bar.update)
+        finally:
+            searcher.close()
 
 
 def write_run(path: Path, run: Run, fmt: str = "trec", tag: str = "lsr-index") -> None:
+    """Write a run atomically. An id that the format cannot hold (whitespace, a control character: an index built
+    before encode refused such ids) is refused: written, it would shift columns or merge with another id."""
     if fmt not in RUN_FORMATS:
         raise LsrIndexError(f"unknown run format {fmt!r}: choose one of {', '.join(RUN_FORMATS)}")
+    for qid, ranked in run.items():
+        for kind, value in (("query", qid), *(("document", doc) for doc, _ in ranked)):
+            problem = id_problem(value)
+            if problem:
+                raise LsrIndexError(f"{path}: not written: {kind} id {value!r} {problem}, which a {fmt} run "
+                                    "cannot hold (the index was built by an older lsr-index: re-encode the corpus "
+                                    "and rebuild it)")
     if fmt == "trec":
         lines = (f"{qid} Q0 {doc} {rank} {score:.4f} {tag}\n"
                  for qid, ranked in run.items() for rank, (doc, score) in enumerate(ranked, 1))
@@ -66,23 +96,28 @@ def write_run(path: Path, run: Run, fmt: str = "trec", tag: str = "lsr-index") -
 
 
 def read_run(path: Path) -> Run:
-    """A run file as `search` writes it: TREC (qid Q0 docid rank score tag) or MS MARCO (qid docid rank)."""
+    """A run file as `search` writes it: TREC (qid Q0 docid rank score tag) or MS MARCO (qid docid rank).
+
+    Lines and columns are split as the qrels reader splits them; a document listed twice for one query is
+    refused (the evaluator would keep only one of them, silently).
+    """
     run: Run = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise LsrIndexError(f"{path}: cannot read run: {exc}") from None
-    for number, line in enumerate(text.splitlines(), 1):
+    seen: dict[tuple[str, str], int] = {}
+    for number, line in text_lines(path):
         cols = line.split()
-        if not cols:
-            continue
         if len(cols) not in (6, 3):
-            raise LsrIndexError(f"{path}:{number}: expected 'qid Q0 docid rank score tag' (TREC) or "
-                                f"'qid docid rank' (MS MARCO), got {len(cols)} columns")
+            raise InputError(path, number, f"{len(cols)} columns, expected 'qid Q0 docid rank score tag' (TREC) "
+                             "or 'qid docid rank' (MS MARCO)")
         try:  # MS MARCO runs carry ranks only: rank r scores -r, which keeps the order
             score = float(cols[4]) if len(cols) == 6 else -float(cols[2])
         except ValueError:
-            raise LsrIndexError(f"{path}:{number}: {'score' if len(cols) == 6 else 'rank'} is not a number") \
-                from None
-        run.setdefault(cols[0], []).append((cols[2] if len(cols) == 6 else cols[1], score))
+            score = math.nan
+        if not math.isfinite(score):
+            raise InputError(path, number, f"{'score' if len(cols) == 6 else 'rank'} is not a finite number")
+        qid, doc = cols[0], cols[2] if len(cols) == 6 else cols[1]
+        if (qid, doc) in seen:
+            raise InputError(path, number, f"document {doc!r} listed again for query {qid!r} (first on line "
+                             f"{seen[qid, doc]})")
+        seen[qid, doc] = number
+        run.setdefault(qid, []).append((doc, score))
     return run

@@ -2,7 +2,8 @@
 
 These files are small, so they are read whole and validated strictly: any bad line fails with its
 file:line, because a silently dropped query or judgment would skew every metric computed from them.
-Blank lines (anywhere) are not records and are skipped.
+Blank lines (anywhere) are not records and are skipped. Ids follow one rule (`id_problem`), which run
+files need: their columns are split on any whitespace.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,25 +22,48 @@ from lsr_index.errors import InputError
 _QID_KEYS = ("_id", "id", "qid")
 _QUERY_TEXT_KEYS = ("text", "query")
 _QRELS_HEADER = ("query-id", "corpus-id", "score")  # BEIR's qrels/*.tsv
+_QUERIES_HEADER_IDS = ("qid", "query-id", "query_id", "_id", "id")  # a TSV's first line that names its columns
+_QUERIES_HEADER_TEXTS = ("text", "query", "query-text", "query_text")
 _INTEGER = re.compile(r"-?[0-9]+")
-_WHITESPACE = re.compile(r"\s")
+MAX_RELEVANCE = 1000  # trec_eval sizes its gain tables by the largest grade: 8 bytes per level, 0.8 GB at 10⁸
+_UNREPRESENTABLE = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")  # \s is Unicode whitespace: what str.split() splits on
 
 
-def read_queries(path: str | Path) -> list[tuple[str, str]]:
+def id_problem(value: str) -> str | None:
+    """Why `value` cannot be a query or document id, or None. Run and qrels files split columns on any Unicode
+    whitespace (U+00A0, U+2028, U+001F … included) and lines on line breaks; control characters have no place
+    in an id either. (The corpus reader applies the same rule to document ids.)"""
+    if not value:
+        return "is empty"
+    bad = _UNREPRESENTABLE.search(value)
+    if bad is None:
+        return None
+    kind = "whitespace" if bad.group().isspace() else "a control character"
+    return f"contains {kind} (U+{ord(bad.group()):04X})"
+
+
+def read_queries(path: str | Path, notice: Callable[[str], None] | None = None) -> list[tuple[str, str]]:
     """(qid, text) pairs in file order, from a TSV "qid<TAB>text" file or from JSON Lines
     (.jsonl/.json, optionally .gz) with "_id"/"id"/"qid" and "text"/"query" like BEIR's queries.jsonl.
 
-    Query ids may not contain whitespace: run and qrels files separate columns by whitespace.
+    A TSV whose first line names its columns ("qid<TAB>text", "query-id<TAB>text", "_id<TAB>query" …) has that
+    line skipped, and `notice` is told: searched, it would be a query named "qid". Query ids must pass
+    `id_problem`.
     """
     path = Path(path)
     as_json = path.name.lower().removesuffix(".gz").endswith((".jsonl", ".json"))
     queries: list[tuple[str, str]] = []
     first_seen: dict[str, int] = {}
-    for line_no, line in _lines(path):
+    for record, (line_no, line) in enumerate(text_lines(path)):
         qid, text = _json_query(path, line_no, line) if as_json else _tsv_query(path, line_no, line)
-        if not qid or _WHITESPACE.search(qid):
-            problem = "empty query id" if not qid else f"query id {qid!r} contains whitespace"
-            raise InputError(path, line_no, problem, "run and qrels files cannot represent it")
+        if record == 0 and not as_json and _is_header(qid, text):
+            if notice:
+                notice(f"{path}:{line_no}: skipped the header line {qid!r}<TAB>{text!r}")
+            continue
+        problem = id_problem(qid)
+        if problem:
+            raise InputError(path, line_no, "empty query id" if not qid else f"query id {qid!r} {problem}",
+                             "run and qrels files cannot represent it")
         if not text.strip():
             raise InputError(path, line_no, f"query {qid!r} has empty text")
         if qid in first_seen:
@@ -61,7 +85,7 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     path = Path(path)
     qrels: dict[str, dict[str, int]] = {}
     n_columns = 0
-    for line_no, line in _lines(path):
+    for line_no, line in text_lines(path):
         columns = line.split()
         if not n_columns and tuple(c.lower() for c in columns) == _QRELS_HEADER:
             continue
@@ -72,6 +96,9 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
         qid, docid, rel = columns[0], columns[-2], columns[-1]
         if not _INTEGER.fullmatch(rel):
             raise InputError(path, line_no, f"relevance {rel!r} is not an integer")
+        if abs(int(rel)) > MAX_RELEVANCE:
+            raise InputError(path, line_no, f"relevance {rel} is beyond ±{MAX_RELEVANCE}",
+                             "relevance is a small grade; the evaluator's memory grows with the largest one")
         judged = qrels.setdefault(qid, {})
         if judged.setdefault(docid, int(rel)) != int(rel):
             raise InputError(path, line_no, f"({qid}, {docid}) judged {judged[docid]} earlier, now {rel}")
@@ -80,7 +107,11 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     return qrels
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
+def _is_header(qid: str, text: str) -> bool:
+    return qid.strip().lower() in _QUERIES_HEADER_IDS and text.strip().lower() in _QUERIES_HEADER_TEXTS
+
+
+def text_lines(path: Path) -> Iterator[tuple[int, str]]:
     """Non-blank lines without their line break, decoded strictly as UTF-8 (a leading BOM is dropped)."""
     try:
         with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as f:

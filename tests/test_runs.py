@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
+import pytest
+
+from lsr_index.errors import InputError, LsrIndexError
+
 
 def test_eval_reads_both_run_formats_that_search_writes(tmp_path):
     from lsr_index.evaluate import evaluate
@@ -16,3 +22,45 @@ def test_eval_reads_both_run_formats_that_search_writes(tmp_path):
         assert [[d for d, _ in back[q]] for q in run] == [[d for d, _ in run[q]] for q in run]
         scores.append(evaluate(back, qrels))
     assert scores[0] == scores[1] and 0 < scores[0]["nDCG@10"] < 1
+
+
+HOSTILE = ["rel ", " rel", "a b", "a\tb", "a\u00a0b", "a\u2028b", "a\u0085b", "a\u001fb", "a\x00b", "a\x7fb", ""]
+
+
+@pytest.mark.parametrize("fmt", ["trec", "msmarco"])
+@pytest.mark.parametrize("doc", HOSTILE)
+def test_write_run_refuses_an_id_the_format_cannot_hold(tmp_path, fmt, doc):
+    """Written, such an id shifts the columns or merges with another id ('rel ' → 'rel') in `eval`."""
+    from lsr_index.search import write_run
+
+    path = tmp_path / f"run.{fmt}"
+    with pytest.raises(LsrIndexError, match=re.escape(f"document id {doc!r} ")):
+        write_run(path, {"q1": [("rel", 3.0), (doc, 2.0), ("mid", 1.0)]}, fmt)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_line_search_writes_has_the_columns_of_its_format(tmp_path):
+    from lsr_index.search import read_run, write_run
+
+    run = {"q1": [("ünï-cødé", 2.0), ("x\u200by", 1.0), ("a'b\"c", 0.5)]}  # not whitespace: kept exactly
+    for fmt, columns in (("trec", 6), ("msmarco", 3)):
+        write_run(tmp_path / fmt, run, fmt)
+        lines = (tmp_path / fmt).read_text().split("\n")[:-1]
+        assert [len(line.split()) for line in lines] == [columns] * 3
+        assert [d for d, _ in read_run(tmp_path / fmt)["q1"]] == [d for d, _ in run["q1"]]
+
+
+@pytest.mark.parametrize(("content", "line", "message"), [
+    ("q1 Q0 d1 1 2.0 t\nq1 Q0 d1 2 1.0 t\n", 2, "document 'd1' listed again for query 'q1' (first on line 1)"),
+    ("q1 Q0 d1 1 nan t\n", 1, "score is not a finite number"),
+    ("q1 Q0 d1 1 2.0 t\nq1 Q0 d\u00a0x 2 1.0 t\n", 2, "7 columns"),
+    ("q1\td1\tfirst\n", 1, "rank is not a finite number"),
+])
+def test_read_run_refuses_what_would_skew_the_metrics(tmp_path, content, line, message):
+    from lsr_index.search import read_run
+
+    path = tmp_path / "run.txt"
+    path.write_text(content)
+    with pytest.raises(InputError, match=re.escape(message)) as caught:
+        read_run(path)
+    assert caught.value.where == line

@@ -122,3 +122,47 @@ def test_scifact_topics(scifact):
     assert len(queries) == len(qrels) == 300
     assert sum(map(len, qrels.values())) == 339
     assert {qid for qid, _ in queries} == set(qrels)
+
+
+@pytest.mark.parametrize("header", ["qid\ttext", "query-id\ttext", "_id\ttext", "id\tquery", "QID\tQuery"])
+def test_a_header_line_of_a_queries_tsv_is_skipped_with_a_notice(tmp_path, header):
+    path = write(tmp_path / "q.tsv", f"\n{header}\n1\tfirst query\n")
+    notices = []
+    assert read_queries(path, notice=notices.append) == [("1", "first query")]
+    assert notices == [f"{path}:2: skipped the header line {header.split(chr(9))[0]!r}<TAB>{header.split(chr(9))[1]!r}"]
+
+
+def test_only_the_first_line_can_be_a_header(tmp_path):
+    path = write(tmp_path / "q.tsv", "1\tfirst query\nqid\ttext\n")
+    assert read_queries(path, notice=pytest.fail) == [("1", "first query"), ("qid", "text")]
+
+
+@pytest.mark.parametrize("qid", ["q\u00a01", "q\u20281", "q\u00851", "q\u001f1", "q\x001", "q\x7f1"])
+def test_query_ids_follow_the_run_file_id_rule(tmp_path, qid):
+    path = write(tmp_path / "q.tsv", f"1\tok\n{qid}\ttext\n")
+    with pytest.raises(InputError, match=re.escape(f"query id {qid!r} contains")) as caught:
+        read_queries(path)
+    assert caught.value.where == 2
+
+
+@pytest.mark.parametrize("rel", ["1001", "-1001", "3000000000"])
+def test_relevance_beyond_the_bound_is_refused(tmp_path, rel):
+    path = write(tmp_path / "qrels.txt", f"1 0 d1 1\n1 0 d2 {rel}\n")
+    with pytest.raises(InputError, match=re.escape(f"relevance {rel} is beyond ±1000")) as caught:
+        read_qrels(path)
+    assert caught.value.where == 2
+
+
+def test_eval_of_a_huge_relevance_fails_in_bounded_memory(tmp_path):
+    """ir_measures' trec_eval sizes its gain tables by the largest grade (8 bytes each): 2·10⁹ asked for 16 GB."""
+    import subprocess
+    import sys
+
+    qrels = write(tmp_path / "qrels.txt", "q1 0 d1 2000000000\nq1 0 d2 1\n")
+    run = write(tmp_path / "run.trec", "q1 Q0 d1 1 2.0 t\nq1 Q0 d2 2 1.0 t\n")
+    capped = ("import resource, runpy, sys; resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)); "
+              "sys.argv[0] = 'lsr-index'; runpy.run_module('lsr_index', run_name='__main__')")
+    done = subprocess.run([sys.executable, "-c", capped, "eval", "--run", str(run), "--qrels", str(qrels)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr == f"error: {qrels}:1: relevance 2000000000 is beyond ±1000 " \
+        "(relevance is a small grade; the evaluator's memory grows with the largest one)\n", done.stderr

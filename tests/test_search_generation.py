@@ -1,0 +1,81 @@
+"""A search sees one index generation from start to end, whatever `build --overwrite` publishes meanwhile."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import threading
+
+import pytest
+from search_fixtures import SAMPLE, build, query_terms, random_docs, write_vectors
+
+from lsr_index import lucene
+from lsr_index.build import _publish
+from lsr_index.search import search
+from lsr_index.topics import read_queries
+
+pytestmark = [pytest.mark.lucene, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def generations(splade_tiny, tmp_path_factory):
+    """Two real indexes of the same documents, recorded with different scales (as two builds would be)."""
+    work = tmp_path_factory.mktemp("generations")
+    docs = random_docs(query_terms(splade_tiny, 150), docs=300, per_doc=30, max_impact=60, seed=1)
+    old = build(write_vectors(work / "old-vectors", splade_tiny, docs, scale=100.0), work / "old")
+    rescaled = {doc: {t: max(1, w * 3 // 10) for t, w in vector.items()} for doc, vector in docs.items()}
+    new = build(write_vectors(work / "new-vectors", splade_tiny, rescaled, scale=30.0), work / "new")
+    return old, new
+
+
+def test_a_publish_between_reading_the_record_and_opening_lucene_changes_nothing(generations, tmp_path,
+                                                                                 monkeypatch):
+    """The swap lands right after `search` has read the record (model, scale) of the old generation and before
+    it opens Lucene; the builder then deletes the old generation as build does (after LOCK_EX on it)."""
+    old, new = generations
+    queries = read_queries(SAMPLE / "queries.tsv")[:20]
+    expected = search(old, queries, hits=50)
+    assert expected != search(new, queries, hits=50)  # the two generations answer differently: mixing shows
+    index = tmp_path / "index"
+    shutil.copytree(old, index)
+    work = tmp_path / ".index.building-1"
+    shutil.copytree(new, work / "index")
+    deleted = threading.Event()
+
+    def delete_replaced() -> None:  # the builder's side: the replaced generation now sits at work/index
+        fd = os.open(work / "index", os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        shutil.rmtree(work)
+        os.close(fd)
+        deleted.set()
+
+    record = lucene.Manifest.from_dict
+    deleter = threading.Thread(target=delete_replaced)
+
+    def publish_after_reading(*args):  # the index record has just been read
+        manifest = record(*args)
+        if deleter.ident is None:
+            _publish(work / "index", index, work)
+            deleter.start()
+        return manifest
+
+    monkeypatch.setattr(lucene.Manifest, "from_dict", publish_after_reading)
+    run = search(index, queries, hits=50)
+    monkeypatch.undo()
+    deleter.join(30)
+    assert deleted.is_set() and not work.exists()
+    assert run == expected  # all of it from the old generation: its model, its scale, its postings
+    assert search(index, queries, hits=50) == search(new, queries, hits=50)  # the next search sees the new one
+
+
+def test_the_search_holds_a_shared_lock_on_its_generation(generations):
+    """The lock the builder waits on before deleting a replaced generation: held while the index is open."""
+    old, _ = generations
+    probe = os.open(old, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with lucene.IndexGeneration(old), pytest.raises(BlockingIOError):
+            fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with the generation
+    finally:
+        os.close(probe)
