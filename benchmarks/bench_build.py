@@ -1,0 +1,217 @@
+"""Build benchmark: the direct impact builder against Anserini's fake-word IndexCollection, on the same vectors.
+
+The vectors are synthetic, fitted to real ones: the shipped sample (data/sample, 400 documents) encoded with
+splade-tiny (`--fit`, encoded here when not given) gives the distribution of terms per document, of the terms
+(document frequencies over the terms it uses) and of impacts (at scale 100); documents are drawn from those.
+×10 divides the impacts by 10 (at least 1). Shards are jsonl.gz of 100,000 documents, as `encode` writes
+them, so Anserini (one thread per input file) can use two threads from 200,000 documents on.
+
+    python benchmarks/bench_build.py                      # 200k docs: both builders; 1M docs: direct only
+    python benchmarks/bench_build.py --docs 20000 --million 0 --tag smoke
+
+Writes benchmarks/results/build_<tag>.{json,csv,png}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from lsr_index.build import available_cores, build_index  # noqa: E402
+from lsr_index.lucene import ImpactSearcher, anserini_jar, jvm  # noqa: E402
+from lsr_index.manifest import Manifest  # noqa: E402
+from lsr_index.quantize import SparseVectors  # noqa: E402
+from lsr_index.writers import ShardWriter, read_shard  # noqa: E402
+
+
+def fit(vectors: Path) -> dict:
+    docs = [v for s in Manifest.load(vectors).shards for _, v in read_shard(vectors / s.file)]
+    vocab = sorted({t for v in docs for t in v})
+    index = {t: i for i, t in enumerate(vocab)}
+    df = np.zeros(len(vocab))
+    for v in docs:
+        df[[index[t] for t in v]] += 1
+    return {"vocab": np.array(vocab, dtype=object), "df": df / df.sum(),
+            "lengths": np.array([len(v) for v in docs]), "weights": np.array([w for v in docs for w in v.values()])}
+
+
+def draw(model: dict, n: int, rng: np.random.Generator, divide: int = 1) -> SparseVectors:
+    lengths = rng.choice(model["lengths"], n)
+    drawn = rng.choice(len(model["df"]), (n, 2 * int(lengths.max())), p=model["df"])
+    terms = []
+    for row, length in zip(drawn, lengths):  # distinct terms by document frequency, in the order drawn
+        _, first = np.unique(row, return_index=True)
+        terms.append(np.sort(row[np.sort(first)][:length]))
+    lengths = np.array([len(t) for t in terms])
+    weights = rng.choice(model["weights"], int(lengths.sum()))
+    if divide > 1:
+        weights = np.maximum(1, np.rint(weights / divide))
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    return SparseVectors(indptr, np.concatenate(terms).astype(np.int32), weights.astype(np.int32))
+
+
+def synthesize(model: dict, out: Path, docs: int, divide: int, seed: int = 1, shard_docs: int = 100_000) -> None:
+    rng = np.random.default_rng(seed)
+    manifest = Manifest(model={"name": "synthetic (fitted to splade-tiny on data/sample)", "sha256": "0" * 64},
+                        encoder={"query_max_length": 64}, quantization={"scale": 100.0 / divide}, input={},
+                        output_format="jsonl.gz", shard_docs=shard_docs)
+    (out / "shards").mkdir(parents=True)
+    for k, start in enumerate(range(0, docs, shard_docs)):
+        n = min(shard_docs, docs - start)
+        writer = ShardWriter(out / "shards" / f"part-{k:05d}.jsonl.gz", "jsonl.gz", model["vocab"])
+        for lo in range(0, n, 10_000):
+            m = min(10_000, n - lo)
+            writer.add([f"doc{start + lo + i}" for i in range(m)], draw(model, m, rng, divide))
+        manifest.shards.append(writer.finish(start, out))
+    manifest.complete = True
+    manifest.save(out)
+
+
+def queries(model: dict, n: int = 500) -> list[tuple[str, dict[str, int]]]:
+    rng = np.random.default_rng(99)
+    q = draw({**model, "lengths": np.minimum(model["lengths"], 40)}, n, rng)
+    vocab = model["vocab"]
+    return [(f"q{i}", {vocab[t]: int(w) for t, w in zip(*q.row(i))}) for i in range(n)]
+
+
+def size(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--fit", type=Path, help="vectors directory to fit (default: encode data/sample)")
+    parser.add_argument("--docs", type=int, default=200_000)
+    parser.add_argument("--million", type=int, default=1_000_000, help="direct builder, all cores; 0: skip")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lsr-bench-build")
+    parser.add_argument("--tag", default=f"{available_cores()}core")
+    args = parser.parse_args()
+    shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True)
+    if args.fit is None:
+        from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+
+        args.fit = args.work / "sample-vectors"
+        encode_corpus(EncodeJob(inputs=(str(ROOT / "data/sample/corpus.jsonl"),), model="splade-tiny",
+                                options=EncodeOptions(progress=False)), args.fit)
+    model = fit(args.fit)
+    cores = available_cores()
+    rows = []
+
+    def run(vectors: Path, builder: str, threads: int, scale: str) -> Path:
+        index = args.work / f"index-{builder}-{threads}-{scale}-{vectors.name}"
+        info = build_index(vectors, index, threads=threads, heap="3g", progress=False, builder=builder)
+        manifest = Manifest.load(vectors)
+        row = {"builder": builder, "threads": threads, "scale": scale, "docs": info["documents"],
+               "writers": info["writers"], "seconds": info["build_seconds"],
+               "docs_per_s": round(info["documents"] / info["build_seconds"], 1),
+               "terms_per_doc": round(manifest.nonzeros / manifest.docs, 1), "index_bytes": size(index)}
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        return index
+
+    vectors = {}
+    for scale, divide in (("x100", 1), ("x10", 10)):
+        vectors[scale] = args.work / f"vectors-{scale}"
+        synthesize(model, vectors[scale], args.docs, divide)
+    indexes = {}
+    for scale in ("x100", "x10"):
+        for builder in ("direct", "anserini"):
+            for threads in sorted({1, cores}):
+                indexes[builder, threads, scale] = run(vectors[scale], builder, threads, scale)
+    if args.million:
+        big = args.work / "vectors-1M"
+        synthesize(model, big, args.million, 1)
+        run(big, "direct", cores, "x100")
+        shutil.rmtree(big)
+
+    search = {}
+    topics = queries(model)
+    for builder in ("direct", "anserini"):
+        index = indexes[builder, cores, "x100"]
+        searcher = ImpactSearcher(index)
+        searcher.search(topics[:50], hits=1000, threads=1)  # warm-up
+        t0 = time.perf_counter()
+        ranked = searcher.search(topics, hits=1000, threads=1)
+        search[builder] = {"queries_per_s": round(len(topics) / (time.perf_counter() - t0), 1), "ranked": ranked}
+        searcher.close()
+    identical = search["direct"]["ranked"] == search["anserini"]["ranked"]
+
+    def rate(builder: str, threads: int, scale: str) -> float:
+        return next(r["docs_per_s"] for r in rows if (r["builder"], r["threads"], r["scale"]) == (builder, threads,
+                                                                                                   scale))
+
+    ratios = {
+        "direct_1thread_vs_anserini_1thread_x100": rate("direct", 1, "x100") / rate("anserini", 1, "x100"),
+        "direct_vs_anserini_all_cores_x100": rate("direct", cores, "x100") / rate("anserini", cores, "x100"),
+        "direct_all_cores_vs_1thread_x100": rate("direct", cores, "x100") / rate("direct", 1, "x100"),
+        "anserini_all_cores_vs_1thread_x100": rate("anserini", cores, "x100") / rate("anserini", 1, "x100"),
+        "direct_x10_vs_x100_1thread": rate("direct", 1, "x10") / rate("direct", 1, "x100"),
+        "anserini_x10_vs_x100_1thread": rate("anserini", 1, "x10") / rate("anserini", 1, "x100"),
+    }
+    autoclass = jvm()
+    result = {
+        "machine": {"cpu": next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
+                                 .splitlines() if line.startswith("model name")), platform.processor()),
+                    "cores": cores, "python": platform.python_version(),
+                    "anserini_jar": anserini_jar().name,
+                    "lucene": autoclass("org.apache.lucene.util.Version").LATEST.toString(),
+                    "java": autoclass("java.lang.System").getProperty("java.version"),
+                    "load_average_at_end": os.getloadavg()},
+        "vectors": f"synthetic, fitted to splade-tiny vectors of data/sample ({len(model['vocab'])} distinct terms, "
+                   f"{model['lengths'].mean():.0f} terms/doc, impacts at x100: median "
+                   f"{int(np.median(model['weights']))}, max {int(model['weights'].max())}); jsonl.gz shards "
+                   "of 100,000 documents",
+        "rows": rows, "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        "search": {"queries": len(topics), "hits": 1000, "threads": 1, "identical_rankings": identical,
+                   **{f"{b}_queries_per_s": search[b]["queries_per_s"] for b in search}},
+    }
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"build_{args.tag}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    with open(stem.with_suffix(".csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, stem.with_suffix(".png"), result["machine"])
+    print(json.dumps({k: v for k, v in result.items() if k != "rows"}, indent=2))
+    print(f"wrote {stem.relative_to(ROOT)}.{{json,csv,png}}")
+
+
+def plot(rows: list[dict], path: Path, machine: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    labels = [f"{r['builder']}\n{r['threads']} thr {r['scale']}\n{r['docs'] // 1000}k" for r in rows]
+    colors = ["tab:blue" if r["builder"] == "direct" else "tab:orange" for r in rows]
+    ax.bar(range(len(rows)), [r["docs_per_s"] for r in rows], color=colors)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("documents / s")
+    ax.set_title(f"lsr-index build: direct vs Anserini fake words ({machine['cores']} cores, {machine['cpu']})",
+                 fontsize=9)
+    for i, r in enumerate(rows):
+        ax.text(i, r["docs_per_s"], f"{r['docs_per_s']:,.0f}", ha="center", va="bottom", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
