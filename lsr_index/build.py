@@ -264,63 +264,71 @@ def _writer_env() -> dict:
 
 
 class _Writers:
-    """Writer processes (each dies with this one), their progress lines and their failures."""
+    """Writer processes (each dies with this one), their progress lines and their failures.
+
+    Their stderr comes through a pipe, not a file: on a full disk the cause must still reach the user.
+    """
 
     def __init__(self, work: Path, jobs: list[dict]):
-        self.procs: list[tuple[subprocess.Popen, Path]] = []
+        self.procs: list[subprocess.Popen] = []
+        self.said: dict[int, bytes] = {}
+        self.heard: set[int] = set()  # writers whose stderr has been read to its end
         env = _writer_env()
         for k, job in enumerate(jobs):
-            spec, log = work / f"writer-{k}.json", work / f"writer-{k}.log"
+            spec = work / f"writer-{k}.json"
             spec.write_text(json.dumps(job))
-            with open(log, "wb") as sink:
-                cmd = _child_command([sys.executable, "-m", "lsr_index.impact_writer", str(spec)])
-                self.procs.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=sink, env=env), log))
+            cmd = _child_command([sys.executable, "-m", "lsr_index.impact_writer", str(spec)])
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
 
     def wait(self, index: Path, update) -> None:
         """Until every writer is done; `update(n)` with each count of documents reported. The first failure
         stops the rest and raises."""
         selector = selectors.DefaultSelector()
-        buffers = {}
-        for proc, _ in self.procs:
+        progress = {}
+        for proc in self.procs:
             selector.register(proc.stdout, selectors.EVENT_READ, proc)
-            buffers[proc.stdout] = b""
-        open_pipes = len(self.procs)
-        while open_pipes:
+            selector.register(proc.stderr, selectors.EVENT_READ, proc)
+            progress[proc.stdout], self.said[proc.pid] = b"", b""
+        while selector.get_map():
             for key, _ in selector.select(timeout=0.5):
                 chunk = os.read(key.fileobj.fileno(), 65536)
                 if not chunk:
                     selector.unregister(key.fileobj)
-                    open_pipes -= 1
-                    continue
-                *lines, buffers[key.fileobj] = (buffers[key.fileobj] + chunk).split(b"\n")
-                update(sum(int(line) for line in lines if line.strip()))
+                    if key.fileobj is key.data.stderr:
+                        self.heard.add(key.data.pid)
+                elif key.fileobj in progress:
+                    *lines, progress[key.fileobj] = (progress[key.fileobj] + chunk).split(b"\n")
+                    update(sum(int(line) for line in lines if line.strip()))
+                else:
+                    self.said[key.data.pid] = (self.said[key.data.pid] + chunk)[-65536:]
             self._check(index)
-        for proc, _ in self.procs:
+        for proc in self.procs:
             proc.wait()
         self._check(index)
 
     def _check(self, index: Path) -> None:
-        for proc, log in self.procs:
+        for proc in self.procs:
             code = proc.poll()
-            if code in (None, 0):
+            if code in (None, 0) or proc.pid not in self.heard:
                 continue
-            said = log.read_text(errors="replace").strip().splitlines()
+            said = self.said[proc.pid].decode(errors="replace").strip().splitlines()
             if code == 1 and said:  # a record or document that cannot be indexed: the writer named it
                 raise LsrIndexError(f"{said[-1]}; nothing was published")
             if code < 0:
                 how = f"was killed by signal {signal.Signals(-code).name}"
             else:
                 how = f"failed: {said[-1] if said else f'exit status {code}'}"
-            full = any(s in " ".join(said) for s in ("No space left", "Disk quota", "File too large"))
+            full = any(s in how for s in ("No space left", "Disk quota", "File too large"))
             raise LsrIndexError(f"building {index}: an index writer {how}" + (" (free some space and rerun)"
                                 if full else "") + "; nothing was published")
 
     def stop(self) -> None:
-        for proc, _ in self.procs:
+        for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
             proc.stdout.close()
+            proc.stderr.close()
 
 
 def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int,

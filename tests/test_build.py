@@ -73,7 +73,7 @@ def sample_queries(splade_tiny, tmp_path_factory):
             doc_max_length=96, shard_docs=150, output_format=fmt, progress=False)), work / fmt)
     build.build_index(work / "jsonl.gz", work / "anserini", builder="anserini", threads=2, heap="1g",
                       progress=False)
-    encoder, quantization, manifest = load_query_encoder(work / "anserini", None, "cpu", "auto")
+    encoder, quantization, _ = load_query_encoder(work / "anserini", None, "cpu", "auto")
     queries = encode_queries(encoder, quantization, read_queries(SAMPLE / "queries.tsv"), 64)
     return work, queries, search(work / "anserini", queries)
 
