@@ -162,13 +162,16 @@ def main() -> None:
 
     search = {}
     topics = queries(model)
-    for builder in ("direct", "anserini"):
-        index = indexes[builder, cores, "x100"]
-        searcher = ImpactSearcher(index)
-        searcher.search(topics[:50], hits=1000, threads=1)  # warm-up
-        t0 = time.perf_counter()
-        ranked = searcher.search(topics, hits=1000, threads=1)
-        search[builder] = {"queries_per_s": round(len(topics) / (time.perf_counter() - t0), 1), "ranked": ranked}
+    searchers = {b: ImpactSearcher(indexes[b, cores, "x100"]) for b in ("direct", "anserini")}
+    for b, searcher in searchers.items():
+        search[b] = {"ranked": searcher.search(topics[:100], hits=1000, threads=1), "seconds": []}  # warm-up
+    for _ in range(3):  # alternate, keep each one's best: the machine may be shared
+        for b, searcher in searchers.items():
+            t0 = time.perf_counter()
+            search[b]["ranked"] = searcher.search(topics, hits=1000, threads=1)
+            search[b]["seconds"].append(time.perf_counter() - t0)
+    for b, searcher in searchers.items():
+        search[b]["queries_per_s"] = round(len(topics) / min(search[b]["seconds"]), 1)
         searcher.close()
     identical = search["direct"]["ranked"] == search["anserini"]["ranked"]
 
