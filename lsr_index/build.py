@@ -235,7 +235,8 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
     docs = count_docs(built)
     if docs != manifest.docs:
         raise LsrIndexError(f"the index holds {docs} documents but the manifest lists {manifest.docs}; "
-                            "not publishing it" + _missing_cause(vectors, manifest, builder))
+                            "not publishing it" + (_skipped_by_anserini(vectors, manifest) if builder == "anserini"
+                                                   else ""))
     info = {"kind": "lsr-index/index", "documents": docs, "build_seconds": round(seconds, 2), "builder": builder,
             "threads": threads, "writers": writers, "heap": heap, "vectors": str(vectors.resolve()),
             "vectors_manifest": json.loads((vectors / MANIFEST).read_text())}
@@ -244,12 +245,12 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
     return info
 
 
-def _missing_cause(vectors: Path, manifest: Manifest, builder: str) -> str:
-    """Why documents are missing: Anserini skips a document whose vector is empty."""
+def _skipped_by_anserini(vectors: Path, manifest: Manifest) -> str:
+    """Why documents are missing: Anserini skips a document whose vector is empty (no positive impact)."""
     for shard in manifest.shards:
         for doc_id, vector in read_shard(vectors / shard.file):
             if not any(w > 0 for w in vector.values()):
-                return (f": document {doc_id!r} in {vectors / shard.file} has an empty vector, which the {builder} "
+                return (f": document {doc_id!r} in {vectors / shard.file} has an empty vector, which the anserini "
                         "builder skips; build with --builder direct, which indexes it (it is never retrieved)")
     return ""
 
@@ -269,10 +270,12 @@ class _Writers:
     Their stderr comes through a pipe, not a file: on a full disk the cause must still reach the user.
     """
 
-    def __init__(self, work: Path, jobs: list[dict]):
+    def __init__(self) -> None:
         self.procs: list[subprocess.Popen] = []
         self.said: dict[int, bytes] = {}
         self.heard: set[int] = set()  # writers whose stderr has been read to its end
+
+    def start(self, work: Path, jobs: list[dict]) -> None:
         env = _writer_env()
         for k, job in enumerate(jobs):
             spec = work / f"writer-{k}.json"
@@ -352,8 +355,9 @@ def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, bu
 
 
 def _run_writers(work: Path, jobs: list[dict], index: Path, update) -> None:
-    writers = _Writers(work, jobs)
+    writers = _Writers()
     try:
+        writers.start(work, jobs)
         writers.wait(index, update)
     finally:  # Ctrl-C or a failure: no writer outlives this build
         writers.stop()
