@@ -1,14 +1,19 @@
 """The build stage: vectors shards → a Lucene impact index, verified and published atomically.
 
-Indexing runs in a `java` subprocess: its heap is set per run and it can be killed without harm.
+Two builders, both in child processes (their heap is set per run and they can be killed without harm):
+`direct` (default) writes impact postings itself, one writer process per core over a share of the documents,
+merged at the end (`impact_writer.py`); `anserini` runs Anserini's IndexCollection on JsonVectorCollection,
+which indexes each term as `impact` repeated tokens.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import glob
 import json
 import os
+import selectors
 import shutil
 import signal
 import subprocess
@@ -22,9 +27,20 @@ from .lucene import INDEX_MANIFEST, anserini_jar, count_docs, java_home
 from .manifest import MANIFEST, Manifest, atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
 from .writers import json_vector_line, read_shard, verify_shards
 
+BUILDERS = ("direct", "anserini")
+_MIN_DOCS_PER_WRITER = 5_000  # below this a second writer costs more (a JVM start, a merge) than it saves
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
 
 def _stage_input(vectors: Path, manifest: Manifest, staging: Path) -> None:
-    """Give Anserini exactly the listed shards (never a stray or partial file), in JsonVector form."""
+    """Give Anserini exactly the listed shards (never a stray or partial file), in JsonVector form (links to
+    the jsonl shards; Parquet ones converted)."""
     staging.mkdir()
     for shard in manifest.shards:
         source = vectors / shard.file
@@ -92,46 +108,114 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(b))
 
 
+def _retire(old: Path, index: Path) -> None:
+    """Delete a replaced index generation, unless a search still holds it (a shared flock on the directory):
+    then it waits, hidden next to the index as `.INDEX.retired-PID`, for a later build to remove it."""
+    fd = os.open(old, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        target = index.parent / f".{index.name}.retired-{os.getpid()}"
+        n = 0
+        while target.exists() or target.is_symlink():
+            n += 1
+            target = index.parent / f".{index.name}.retired-{os.getpid()}.{n}"
+        old.rename(target)
+        fsync_directory(index.parent)
+    else:
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        os.close(fd)
+
+
+def _remove_retired(index: Path) -> None:
+    """Remove the replaced generations that no search holds any more."""
+    for old in index.parent.glob(f".{glob.escape(index.name)}.retired-*"):
+        if old.is_symlink() or not old.is_dir():
+            continue
+        try:
+            fd = os.open(old, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(old, ignore_errors=True)
+        except BlockingIOError:
+            pass  # still searched
+        finally:
+            os.close(fd)
+
+
 def _publish(built: Path, index: Path, work: Path) -> None:
-    """Move the finished index into place; an old one is swapped out atomically where Linux allows."""
+    """Move the finished index into place; an old one is swapped out atomically where Linux allows, then
+    retired (deleted, or kept until its searches end)."""
     if index.exists() or index.is_symlink():
+        old = built
         if not _exchange(built, index):  # the old index now sits at `built`, inside `work`
-            index.rename(work / "replaced")
+            old = work / "replaced"
+            index.rename(old)
             built.rename(index)
+        fsync_directory(index.parent)
+        _retire(old, index)
     else:
         built.rename(index)
-    fsync_directory(index.parent)
+        fsync_directory(index.parent)
 
 
-def build_index(vectors: Path, index: Path, threads: int = 2, heap: str = "4g", overwrite: bool = False,
-                progress: bool = True) -> dict:
+def _check_target(vectors: Path, index: Path, overwrite: bool) -> None:
+    """`--overwrite` replaces only an lsr-index index (it has lsr-index.json) or an empty directory, and never
+    the input: a directory that is or contains the vectors, or anything reached through a symbolic link."""
+    if index.is_symlink():
+        raise LsrIndexError(f"{index} is a symbolic link; lsr-index build writes only a directory it creates: "
+                            "point --index at a new path or at the real directory")
+    if not index.exists():
+        return
+    if not overwrite:
+        raise LsrIndexError(f"{index} exists; pass --overwrite to replace it")
+    if not index.is_dir():
+        raise LsrIndexError(f"{index} is not a directory; --overwrite replaces only an index: remove it yourself "
+                            "or choose another --index")
+    real, source = index.resolve(), vectors.resolve()
+    if real == source or real in source.parents:
+        raise LsrIndexError(f"{index} holds the input vectors ({vectors}); --overwrite never replaces them: "
+                            "choose another --index")
+    record = index / INDEX_MANIFEST
+    if not (record.is_file() and not record.is_symlink()) and any(index.iterdir()):
+        raise LsrIndexError(f"{index} is not an lsr-index index (no {INDEX_MANIFEST}) and not empty; --overwrite "
+                            "replaces only an index made by `lsr-index build`: choose another --index")
+
+
+def build_index(vectors: Path, index: Path, threads: int | None = None, heap: str = "4g",
+                overwrite: bool = False, progress: bool = True, builder: str = "direct") -> dict:
     """Index the shards listed in `vectors`' manifest into `index`, published only when complete and verified.
 
     The work happens in `.INDEX.building-PID` next to the index, under a lock (a second build of the same
     index is refused); a shared lock on `vectors` keeps `encode` from rewriting the shards meanwhile. A
     build killed at any point leaves no index (nor anything named like one); the next build removes its
-    work directory.
+    work directory. `threads` defaults to the cores this process may use; `heap` is per writer process.
     """
+    if builder not in BUILDERS:
+        raise LsrIndexError(f"unknown builder {builder!r}: choose one of {', '.join(BUILDERS)}")
+    threads = threads or available_cores()
     with exclusive_lock(vectors, shared=True):
         manifest = Manifest.load(vectors)
         if not manifest.complete:
             raise LsrIndexError(f"{vectors}: the encoding is incomplete; rerun `lsr-index encode` to finish it")
         verify_shards(vectors, manifest)
-        if index.exists() and not overwrite:
-            raise LsrIndexError(f"{index} exists; pass --overwrite to replace it")
+        _check_target(vectors, index, overwrite)
         try:
             index.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise write_error(index.parent, exc, "create the directory") from exc
         with exclusive_lock(index.parent, name=f".{index.name}.lock", label=index):
-            if index.exists() and not overwrite:  # built by another process since the check above
-                raise LsrIndexError(f"{index} exists; pass --overwrite to replace it")
+            _check_target(vectors, index, overwrite)  # the index may have been built since the check above
             for stale in index.parent.glob(f".{glob.escape(index.name)}.building-*"):  # left by a killed build
                 shutil.rmtree(stale, ignore_errors=True)
+            _remove_retired(index)
             work = index.parent / f".{index.name}.building-{os.getpid()}"
             try:
                 work.mkdir()
-                return _build(vectors, manifest, index, work, threads, heap, progress)
+                return _build(vectors, manifest, index, work, builder, threads, heap, progress)
             except OSError as exc:
                 raise LsrIndexError(f"building {index}: {os_cause(exc)} (at {exc.filename or work}); nothing "
                                     "was published") from exc
@@ -139,17 +223,157 @@ def build_index(vectors: Path, index: Path, threads: int = 2, heap: str = "4g", 
                 shutil.rmtree(work, ignore_errors=True)
 
 
-def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, threads: int, heap: str,
+def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: str, threads: int, heap: str,
            progress: bool) -> dict:
-    _stage_input(vectors, manifest, work / "input")
     built = work / "index"
+    t0 = time.perf_counter()
+    if builder == "direct":
+        writers = _build_direct(vectors, manifest, index, work, built, threads, heap, progress)
+    else:
+        writers = _build_anserini(vectors, manifest, index, work, built, threads, heap, progress)
+    seconds = time.perf_counter() - t0
+    docs = count_docs(built)
+    if docs != manifest.docs:
+        raise LsrIndexError(f"the index holds {docs} documents but the manifest lists {manifest.docs}; "
+                            "not publishing it" + (_skipped_by_anserini(vectors, manifest) if builder == "anserini"
+                                                   else ""))
+    info = {"kind": "lsr-index/index", "documents": docs, "build_seconds": round(seconds, 2), "builder": builder,
+            "threads": threads, "writers": writers, "heap": heap, "vectors": str(vectors.resolve()),
+            "vectors_manifest": json.loads((vectors / MANIFEST).read_text())}
+    atomic_write_bytes(built / INDEX_MANIFEST, json.dumps(info, indent=2).encode() + b"\n")
+    _publish(built, index, work)
+    return info
+
+
+def _skipped_by_anserini(vectors: Path, manifest: Manifest) -> str:
+    """Why documents are missing: Anserini skips a document whose vector is empty (no positive impact)."""
+    for shard in manifest.shards:
+        for doc_id, vector in read_shard(vectors / shard.file):
+            if not any(w > 0 for w in vector.values()):
+                return (f": document {doc_id!r} in {vectors / shard.file} has an empty vector, which the anserini "
+                        "builder skips; build with --builder direct, which indexes it (it is never retrieved)")
+    return ""
+
+
+# --- the direct builder -------------------------------------------------------------------------------
+
+def _writer_env() -> dict:
+    """The writer processes import this very package, wherever it was imported from."""
+    root = str(Path(__file__).resolve().parents[1])
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
+
+
+class _Writers:
+    """Writer processes (each dies with this one), their progress lines and their failures.
+
+    Their stderr comes through a pipe, not a file: on a full disk the cause must still reach the user.
+    """
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+        self.said: dict[int, bytes] = {}
+        self.heard: set[int] = set()  # writers whose stderr has been read to its end
+
+    def start(self, work: Path, jobs: list[dict]) -> None:
+        env = _writer_env()
+        for k, job in enumerate(jobs):
+            spec = work / f"writer-{k}.json"
+            spec.write_text(json.dumps(job))
+            cmd = _child_command([sys.executable, "-m", "lsr_index.impact_writer", str(spec)])
+            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
+
+    def wait(self, index: Path, update) -> None:
+        """Until every writer is done; `update(n)` with each count of documents reported. The first failure
+        stops the rest and raises."""
+        selector = selectors.DefaultSelector()
+        progress = {}
+        for proc in self.procs:
+            selector.register(proc.stdout, selectors.EVENT_READ, proc)
+            selector.register(proc.stderr, selectors.EVENT_READ, proc)
+            progress[proc.stdout], self.said[proc.pid] = b"", b""
+        while selector.get_map():
+            for key, _ in selector.select(timeout=0.5):
+                chunk = os.read(key.fileobj.fileno(), 65536)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    if key.fileobj is key.data.stderr:
+                        self.heard.add(key.data.pid)
+                elif key.fileobj in progress:
+                    *lines, progress[key.fileobj] = (progress[key.fileobj] + chunk).split(b"\n")
+                    update(sum(int(line) for line in lines if line.strip()))
+                else:
+                    self.said[key.data.pid] = (self.said[key.data.pid] + chunk)[-65536:]
+            self._check(index)
+        for proc in self.procs:
+            proc.wait()
+        self._check(index)
+
+    def _check(self, index: Path) -> None:
+        for proc in self.procs:
+            code = proc.poll()
+            if code in (None, 0) or proc.pid not in self.heard:
+                continue
+            said = self.said[proc.pid].decode(errors="replace").strip().splitlines()
+            if code == 1 and said:  # a record or document that cannot be indexed: the writer named it
+                raise LsrIndexError(f"{said[-1]}; nothing was published")
+            if code < 0:
+                how = f"was killed by signal {signal.Signals(-code).name}"
+            else:
+                how = f"failed: {said[-1] if said else f'exit status {code}'}"
+            full = any(s in how for s in ("No space left", "Disk quota", "File too large"))
+            raise LsrIndexError(f"building {index}: an index writer {how}" + (" (free some space and rerun)"
+                                if full else "") + "; nothing was published")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
+
+
+def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int,
+                  heap: str, progress: bool) -> int:
+    from tqdm import tqdm
+
+    from .impact_writer import split
+
+    count = max(1, min(threads, manifest.docs // _MIN_DOCS_PER_WRITER))
+    plans = split(vectors, manifest.shards, count) or [[]]
+    subs = [built] if len(plans) == 1 else [work / f"part-{k}" for k in range(len(plans))]
+    jobs = [{"index": str(sub), "heap": heap, "parts": [vars(p) for p in plan]} for sub, plan in zip(subs, plans)]
+    with tqdm(total=manifest.docs, desc=f"index ({len(plans)} writer{'s' if len(plans) > 1 else ''})",
+              unit="doc", unit_scale=True, disable=None if progress else True, dynamic_ncols=True) as bar:
+        _run_writers(work, jobs, index, bar.update)
+        if len(plans) > 1:
+            bar.set_description("merge")
+            _run_writers(work, [{"index": str(built), "heap": heap, "merge": [str(s) for s in subs]}], index,
+                         bar.update)
+    return len(plans)
+
+
+def _run_writers(work: Path, jobs: list[dict], index: Path, update) -> None:
+    writers = _Writers()
+    try:
+        writers.start(work, jobs)
+        writers.wait(index, update)
+    finally:  # Ctrl-C or a failure: no writer outlives this build
+        writers.stop()
+
+
+# --- Anserini's builder -------------------------------------------------------------------------------
+
+def _build_anserini(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int,
+                    heap: str, progress: bool) -> int:
+    _stage_input(vectors, manifest, work / "input")
     log = work / "build.log"
     cmd = [str(java_home() / "bin" / "java"), f"-Xmx{heap}", "-cp", str(anserini_jar()),
            "io.anserini.index.IndexCollection", "-collection", "JsonVectorCollection",
            "-input", str(work / "input"), "-index", str(built),
            "-generator", "DefaultLuceneDocumentGenerator", "-impact", "-pretokenized",
            "-threads", str(threads)]
-    t0 = time.perf_counter()
     with open(log, "wb") as sink:
         proc = subprocess.Popen(_child_command(cmd), stdout=sink, stderr=subprocess.STDOUT)
         watcher = threading.Thread(target=_watch, args=(proc, manifest.docs, progress), daemon=True)
@@ -161,20 +385,14 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, threads: 
                 proc.kill()
                 proc.wait()
             watcher.join()
-    seconds = time.perf_counter() - t0
     tail = log.read_text(errors="replace").strip().splitlines()[-8:]
     if proc.returncode != 0 or not built.is_dir():
         how = f"killed by signal {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 \
             else f"exit status {proc.returncode}"
         raise LsrIndexError(f"Lucene indexing failed ({how}); nothing was published. Indexer log:\n  "
                             + "\n  ".join(tail))
-    docs = count_docs(built)
-    if docs != manifest.docs:
-        raise LsrIndexError(f"the index holds {docs} documents but the manifest lists {manifest.docs}; "
-                            "not publishing it. Indexer log:\n  " + "\n  ".join(tail))
-    info = {"kind": "lsr-index/index", "documents": docs, "build_seconds": round(seconds, 2),
-            "threads": threads, "heap": heap, "vectors": str(vectors.resolve()),
-            "vectors_manifest": json.loads((vectors / MANIFEST).read_text())}
-    atomic_write_bytes(built / INDEX_MANIFEST, json.dumps(info, indent=2).encode() + b"\n")
-    _publish(built, index, work)
-    return info
+    if any(s in line for line in tail for s in ("No space left", "Disk quota")):
+        raise LsrIndexError(f"building {index}: Lucene could not write the index: "
+                            f"{next(line for line in tail if 'No space left' in line or 'Disk quota' in line)}"
+                            " (free some space and rerun); nothing was published")
+    return 1

@@ -165,21 +165,28 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
               help="Vectors directory from `encode` [default: WORKDIR/vectors].")
 @click.option("--index", "-o", type=click.Path(file_okay=False, path_type=Path),
               help="Index directory to create [default: WORKDIR/index].")
-@click.option("--threads", type=click.IntRange(1), default=2, help="Indexing threads.")
-@click.option("--heap", default="4g", help="JVM heap for the indexer (java -Xmx).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing index.")
+@click.option("--threads", type=click.IntRange(1), help="Indexing processes (direct) or threads (anserini). "
+              "[default: the cores available]")
+@click.option("--builder", type=click.Choice(["direct", "anserini"]), default="direct",
+              help="direct: impact postings written as term frequencies; anserini: Anserini's IndexCollection "
+                   "(each term repeated `impact` times).")
+@click.option("--heap", default="4g", help="JVM heap per indexing process (java -Xmx).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing index (only an lsr-index index or an empty "
+              "directory).")
 @click.pass_context
 @friendly_errors
-def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads: int, heap: str,
-          overwrite: bool) -> None:
+def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads: int | None, builder: str,
+          heap: str, overwrite: bool) -> None:
     """Build a Lucene impact index from encoded vectors (checksums verified; published only when whole)."""
     from .build import build_index
 
     vectors = vectors or ctx.obj["workdir"] / "vectors"
     index = index or ctx.obj["workdir"] / "index"
     info = build_index(vectors, index, threads=threads, heap=heap, overwrite=overwrite,
-                       progress=ctx.obj["progress"])
-    click.echo(f"indexed {info['documents']:,} documents into {index} in {info['build_seconds']:.1f} s")
+                       progress=ctx.obj["progress"], builder=builder)
+    click.echo(f"indexed {info['documents']:,} documents into {index} in {info['build_seconds']:.1f} s "
+               f"({info['builder']}, {info['writers']} writer(s), "
+               f"{info['documents'] / max(info['build_seconds'], 1e-9):,.0f} docs/s)")
 
 
 @main.command()
