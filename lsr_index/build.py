@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from .errors import LsrIndexError
-from .lucene import INDEX_MANIFEST, anserini_jar, count_docs, java_home
+from .lucene import INDEX_MANIFEST, anserini_jar, check_index, count_docs, java_home
 from .manifest import MANIFEST, Manifest, atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
 from .writers import json_vector_line, read_shard, verify_shards
 
@@ -232,6 +232,7 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
     else:
         writers = _build_anserini(vectors, manifest, index, work, built, threads, heap, progress)
     seconds = time.perf_counter() - t0
+    check_index(built, deep=True)  # before anything reads it: a damaged index is never published
     docs = count_docs(built)
     if docs != manifest.docs:
         raise LsrIndexError(f"the index holds {docs} documents but the manifest lists {manifest.docs}; "
