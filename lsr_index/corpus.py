@@ -323,6 +323,8 @@ def _ipc_batches(path: Path, source: pa.MemoryMappedFile) -> tuple[pa.Schema, It
         if tail[-len(_IPC_MAGIC) :] != _IPC_MAGIC:
             raise InputError(path, None, f"{_IPC_UNREADABLE}: file format without a footer (truncated?)", _RECREATE)
         end = size - 10 - int.from_bytes(tail[:4], "little", signed=True)
+        if not 8 <= end <= size - 10:
+            raise InputError(path, None, f"{_IPC_UNREADABLE}: its footer length is corrupt", _RECREATE)
     else:
         source.seek(0)
     stream = pa.ipc.open_stream(source)

@@ -91,3 +91,12 @@ def test_a_file_cut_after_its_last_batch_is_refused(tmp_path):
     path.write_bytes(data[: 8 + batch_ends(data[8:])[-1]])
     with pytest.raises(InputError, match="cannot read this Arrow IPC file: file format without a footer"):
         ids_read(path)
+
+
+def test_a_file_with_a_corrupt_footer_length_is_refused(tmp_path):
+    data = bytearray(ipc_bytes(TABLE, stream=False))
+    data[-10:-6] = (len(data) * 2).to_bytes(4, "little")
+    path = tmp_path / "c.arrow"
+    path.write_bytes(bytes(data))
+    with pytest.raises(InputError, match="its footer length is corrupt"):
+        ids_read(path)
