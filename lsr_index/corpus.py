@@ -9,10 +9,8 @@ fail, because skipping them would drop an unknown number of documents. docs/bad-
 from __future__ import annotations
 
 import codecs
-import glob
-import gzip
 import os
-import zlib
+import re
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -24,23 +22,22 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lsr_index.errors import InputError
+from lsr_index.decompress import CORRUPT, open_decompressed
+from lsr_index.errors import InputError, LsrIndexError
+from lsr_index.sources import compression, describe, file_format, resolve
 
 SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
 
-_FORMATS = {
-    ".jsonl": "JSONL",
-    ".json": "JSONL",
-    ".jsonl.gz": "JSONL",
-    ".json.gz": "JSONL",
-    ".arrow": "Arrow IPC",
-    ".feather": "Arrow IPC",
-    ".ipc": "Arrow IPC",
-    ".parquet": "Parquet",
-}
-_SUPPORTED = ", ".join(_FORMATS)
+# Lucene cannot index a term longer than this many UTF-8 bytes (IndexWriter.MAX_TERM_LENGTH); ids are terms.
+MAX_ID_BYTES = 32766
+# Python's \s is exactly str.isspace(); \x00-\x1f and \x7f-\x9f are Unicode's controls (Cc); then surrogates.
+_BAD_ID_CHAR = re.compile(r"[\s\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _ID_KEYS = ("id", "_id", "docid")
 _TITLE_TEXT = ("title", "text")
+_ID_HINT = (
+    f"an id becomes a column of whitespace-separated run and qrels files and a Lucene term: "
+    f"no whitespace, no control characters, at most {MAX_ID_BYTES:,} UTF-8 bytes"
+)
 _SKIP_HINT = "fix or remove the record, or rerun with --on-error skip to skip and list bad records"
 # A line this long is not a document but a binary or newline-less file: reading it whole would defeat
 # constant memory.
@@ -48,6 +45,40 @@ _MAX_LINE_BYTES = 64 << 20
 # Flush a batch early past this many characters, so that huge documents can neither exhaust memory nor
 # overflow Arrow's 2 GiB limit on one string array (4 bytes per character at most).
 _MAX_BATCH_CHARS = 1 << 28
+_IPC_MAGIC = b"ARROW1"
+# The end-of-stream marker: a continuation token and a zero length (before Arrow 0.15 the length alone).
+_IPC_EOS = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")
+_IPC_UNREADABLE = "cannot read this Arrow IPC file"
+_RECREATE = "re-create or re-download the file"
+
+
+def check_id(doc_id: str) -> str | None:
+    """Why ``doc_id`` cannot be a document id (a reason that quotes it), or None when it can.
+
+    Run and qrels files separate columns by whitespace and the tools that read them disagree on what
+    whitespace is (Python's split() takes U+00A0 and U+2028, Java's \\s and trec_eval do not), so an id may
+    hold no character that ``str.isspace()`` calls whitespace, no control character (Unicode Cc: line
+    breaks, NUL, U+0085) and no lone surrogate (not UTF-8). Format characters (Cf, e.g. U+200B) are
+    allowed: nothing splits on them, and real titles hold them. Lucene caps a term at 32,766 UTF-8 bytes.
+    """
+    if not doc_id:
+        return "empty id"
+    bad = _BAD_ID_CHAR.search(doc_id)
+    if bad:
+        char = bad.group()
+        kind = "whitespace" if char.isspace() else "a lone surrogate" if ord(char) >= 0xD800 else "a control character"
+        return f"id {_shown(doc_id)} contains {kind} (U+{ord(char):04X} at character {bad.start() + 1})"
+    if len(doc_id) * 4 > MAX_ID_BYTES and (size := len(doc_id.encode())) > MAX_ID_BYTES:
+        return f"id {_shown(doc_id)} is {size:,} UTF-8 bytes, over Lucene's limit of {MAX_ID_BYTES:,} for a term"
+    return None
+
+
+def _shown(doc_id: str) -> str:
+    return repr(doc_id if len(doc_id) <= 60 else doc_id[:60] + "…")
+
+
+class FieldsError(LsrIndexError, ValueError):
+    """Field names the reader cannot use (an empty --id-field or --text-field)."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +97,7 @@ class Fields:
         if isinstance(self.text, str):  # Fields(text="body") would otherwise iterate characters
             object.__setattr__(self, "text", (self.text,))
         if self.id == "" or (self.text is not None and (not self.text or not all(self.text))):
-            raise ValueError(f"field names must be non-empty: {self}")
+            raise FieldsError(f"field names must be non-empty, got id={self.id!r} text={self.text!r}")
 
 
 @dataclass(frozen=True)
@@ -88,14 +119,15 @@ class _Bad(Exception):
 
 
 class CorpusReader:
-    """Streams (id, text) Arrow record batches from JSONL (.jsonl/.json/.jsonl.gz), Arrow IPC
-    (.arrow/.feather/.ipc, file or stream format) and Parquet (.parquet) shards in constant memory.
+    """Streams (id, text) Arrow record batches from JSONL (.jsonl/.ndjson/.json, plain or .gz/.bz2/.xz/.zst),
+    Arrow IPC (.arrow/.feather/.ipc, file or stream format) and Parquet (.parquet) shards in constant memory.
 
-    ``source`` is a file, a directory (its supported files, sorted by name; subdirectories and hidden
-    files are ignored), a glob pattern (``**`` recurses; sorted), or a list of these, read in the order
-    given. Batches hold at most ``batch_size`` rows. Ids must be unique across all shards; each
-    iteration starts afresh (``skipped`` and ``n_docs`` are reset). Memory is bounded by one batch, one
-    JSONL line, and for Parquet by one row group (Parquet decodes column chunks whole).
+    ``source`` is a file, a directory (its files, sorted by name), a glob pattern (``**`` recurses;
+    sorted), or a list of these, read in the order given; lsr_index.sources says which files a source
+    names, and ``passed_over`` lists the directory entries its rule leaves out. Batches hold at most
+    ``batch_size`` rows. Ids must pass ``check_id`` and be unique across all shards; each iteration
+    starts afresh (``skipped`` and ``n_docs`` are reset). Memory is bounded by one batch, one JSONL line,
+    and for Parquet by one row group (Parquet decodes column chunks whole).
     """
 
     def __init__(
@@ -114,7 +146,7 @@ class CorpusReader:
         if not sources:
             raise ValueError("no corpus source given")
         self.fields, self.on_error, self.batch_size, self.max_chars = fields, on_error, batch_size, max_chars
-        self.files: list[Path] = _resolve(sources)
+        self.files, self.passed_over = resolve(sources)
         self._label = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (+{len(sources) - 1} more)"
         self.skipped: list[Skipped] = []
         self.n_docs = 0
@@ -165,14 +197,14 @@ class CorpusReader:
 
     def _records(self, path: Path) -> Iterator[tuple[int, Any]]:
         """(where, record) pairs of one file: a dict, or a _Bad for a record that could not be parsed."""
-        fmt = _format(path)
+        fmt = file_format(path)
         try:
             if fmt == "JSONL":
                 yield from _jsonl_records(path)
             else:
                 yield from _table_records(path, fmt, self.fields, self.batch_size)
-        except (OSError, EOFError, zlib.error, UnicodeDecodeError, pa.ArrowException) as e:
-            raise InputError(path, None, f"cannot read this {fmt} file: {_describe(e)}") from e
+        except (OSError, EOFError, UnicodeDecodeError, pa.ArrowException) as e:
+            raise InputError(path, None, f"cannot read this {fmt} file: {describe(e)}") from e
 
     def _document(self, record: Any) -> tuple[str, str]:
         if isinstance(record, _Bad):
@@ -187,11 +219,9 @@ class CorpusReader:
             doc_id = str(value)
         elif type(value) is str:
             doc_id = value
-            if not doc_id:
-                raise _Bad(f"empty id in field {id_key!r}")
-            if "\n" in doc_id or "\r" in doc_id or "\x00" in doc_id:
-                # doc_id left out of the report: line-based reports cannot hold it either
-                raise _Bad(f"id {doc_id!r} contains a line break or NUL, which index files cannot hold")
+            problem = check_id(doc_id)
+            if problem:  # doc_id left out of the report: the formats the id would go to cannot hold it
+                raise _Bad(problem, hint=_ID_HINT)
         else:
             raise _Bad(f"id field {id_key!r} is {_kind(value)}, expected a string or an integer")
         text_keys, optional = _text_fields(self.fields, record)
@@ -226,65 +256,15 @@ class CorpusReader:
         self.skipped.append(Skipped(str(path), where, bad.doc_id, bad.reason))
 
 
-def _format(path: Path) -> str | None:
-    name = path.name.lower()
-    return next((fmt for ext, fmt in _FORMATS.items() if name.endswith(ext)), None)
-
-
-def _resolve(sources: list[str | os.PathLike[str]]) -> list[Path]:
-    files: list[Path] = []
-    seen: set[Path] = set()
-    for source in sources:
-        try:
-            expanded = _expand(source)
-            for path in expanded:
-                real = path.resolve()
-                if real in seen:
-                    raise InputError(path, None, "this file is listed twice", "each shard must be read once")
-                seen.add(real)
-        except OSError as e:
-            raise InputError(source, None, f"cannot list: {_describe(e)}") from e
-        files.extend(expanded)
-    return files
-
-
-def _expand(source: str | os.PathLike[str]) -> list[Path]:
-    path = Path(source)
-    if path.is_dir():
-        found = (p for p in path.iterdir() if _format(p) and p.is_file() and not p.name.startswith("."))
-        files = sorted(found, key=str)
-        if not files:
-            raise InputError(
-                path,
-                None,
-                "directory holds no corpus files",
-                f"supported: {_SUPPORTED}; "
-                "subdirectories are not searched (use a pattern like dir/**/*.jsonl)",
-            )
-        return files
-    if path.exists():
-        if _format(path) is None:
-            raise InputError(path, None, "unsupported file type", f"supported: {_SUPPORTED}")
-        return [path]
-    pattern = os.fspath(source)
-    if any(c in pattern for c in "*?["):
-        matches = sorted(glob.glob(pattern, recursive=True))
-        files = [Path(m) for m in matches if _format(Path(m)) and os.path.isfile(m)]
-        if not files:
-            found = f"only unsupported files ({matches[0]}...)" if matches else "nothing"
-            raise InputError(pattern, None, f"pattern matches {found}", f"supported: {_SUPPORTED}")
-        return files
-    raise InputError(path, None, "no such file or directory")
-
-
 def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
     line_no = 0
-    with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as f:
+    suffix = compression(path)
+    with open_decompressed(path, suffix) if suffix else open(path, "rb") as f:
         try:
-            if f.peek(3)[:3] == codecs.BOM_UTF8:
-                f.read(3)
             while line := f.readline(_MAX_LINE_BYTES):
                 line_no += 1
+                if line_no == 1 and line.startswith(codecs.BOM_UTF8):
+                    line = line[3:]
                 try:
                     yield line_no, orjson.loads(line)
                 except orjson.JSONDecodeError as e:
@@ -294,12 +274,14 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
                         yield line_no, _Bad(f"line longer than {_MAX_LINE_BYTES} bytes")
                     elif line.strip():  # blank lines separate nothing and are not records
                         yield line_no, _json_problem(line, e)
-        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        except CORRUPT as e:
+            if not suffix:
+                raise
             raise InputError(
                 path,
                 None,
-                f"compressed data is truncated or corrupt after line {line_no} ({_describe(e)})",
-                "re-create or re-download the file",
+                f"compressed data is truncated or corrupt after line {line_no} ({describe(e)})",
+                _RECREATE,
             ) from e
 
 
@@ -322,7 +304,7 @@ def _table_records(path: Path, fmt: str, fields: Fields, batch_size: int) -> Ite
             columns = _columns(path, parquet.schema_arrow, fields)
             batches: Iterator[pa.RecordBatch] = parquet.iter_batches(batch_size=batch_size, columns=columns)
         else:
-            schema, batches = _ipc_batches(stack.enter_context(pa.memory_map(os.fspath(path))))
+            schema, batches = _ipc_batches(path, stack.enter_context(pa.memory_map(os.fspath(path))))
             columns = _columns(path, schema, fields)
         row = 0
         for batch in batches:
@@ -331,14 +313,46 @@ def _table_records(path: Path, fmt: str, fields: Fields, batch_size: int) -> Ite
                 yield row, record
 
 
-def _ipc_batches(source: pa.MemoryMappedFile) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
-    try:
-        reader = pa.ipc.open_file(source)
-        return reader.schema, (reader.get_batch(i) for i in range(reader.num_record_batches))
-    except pa.ArrowInvalid:  # not the file format: maybe the stream format
+def _ipc_batches(path: Path, source: pa.MemoryMappedFile) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """The batches of an Arrow IPC file or stream, read in order as a stream (the file format holds one
+    between its leading magic and its footer), so that the stream's end can be checked: see _ipc_end."""
+    size = source.size()
+    end = size
+    if source.read(8)[: len(_IPC_MAGIC)] == _IPC_MAGIC:  # file format: magic, stream, footer, its length, magic
+        tail = source.read_at(10, size - 10) if size >= 18 else b""
+        if tail[-len(_IPC_MAGIC) :] != _IPC_MAGIC:
+            raise InputError(path, None, f"{_IPC_UNREADABLE}: file format without a footer (truncated?)", _RECREATE)
+        end = size - 10 - int.from_bytes(tail[:4], "little", signed=True)
+        if not 8 <= end <= size - 10:
+            raise InputError(path, None, f"{_IPC_UNREADABLE}: its footer length is corrupt", _RECREATE)
+    else:
         source.seek(0)
-        stream = pa.ipc.open_stream(source)
-        return stream.schema, iter(stream)
+    stream = pa.ipc.open_stream(source)
+    return stream.schema, _ipc_end(path, source, stream, end)
+
+
+def _ipc_end(path: Path, source: pa.MemoryMappedFile, stream: Any, end: int) -> Iterator[pa.RecordBatch]:
+    """``stream``'s batches, then a check of how it ended. pyarrow's reader stops without a word at the end
+    of the data, so a stream cut at a batch boundary (no end-of-stream marker) and a second stream or file
+    joined after the first would both be read in part."""
+    rows = 0
+    last = source.tell()
+    for batch in stream:
+        last = source.tell()
+        rows += batch.num_rows
+        yield batch
+    stop = source.tell()
+    if source.read_at(stop - last, last) not in _IPC_EOS:
+        raise InputError(
+            path, None, f"{_IPC_UNREADABLE}: no end-of-stream marker after row {rows} (truncated?)", _RECREATE
+        )
+    if stop != end:
+        raise InputError(
+            path,
+            None,
+            f"{_IPC_UNREADABLE}: {end - stop} bytes after the end of its stream at byte {stop} would be ignored",
+            "two files or streams joined into one? write one stream per file",
+        )
 
 
 def _columns(path: Path, schema: pa.Schema, fields: Fields) -> list[str]:
@@ -415,9 +429,3 @@ def _text_expectation(fields: Fields) -> str:
 def _kind(value: Any) -> str:
     names = {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
     return names.get(type(value), "a number")
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, OSError) and error.strerror:
-        return error.strerror
-    return str(error) or type(error).__name__

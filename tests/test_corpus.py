@@ -17,8 +17,8 @@ from lsr_index import corpus
 from lsr_index.corpus import SCHEMA, CorpusReader, Fields, Skipped
 from lsr_index.errors import InputError
 
-# Ids that index files can hold even though they look awkward.
-ODD_IDS = ["plain", "with space", "tab\there", 'quote"d', "it's", "naïve-日本-🙂", "  padded  ", "a,b;c"]
+# Ids that run files and index files can hold even though they look awkward (a zero-width space is Cf).
+ODD_IDS = ["plain", 'quote"d', "it's", "naïve-日本-🙂", "zero\u200bwidth", "a,b;c", "x" * 8000]
 
 
 def write_jsonl(path: Path, records: Sequence[dict | bytes]) -> Path:
@@ -128,15 +128,15 @@ def test_fields_accepts_a_single_name_and_rejects_empty_ones():
             Fields(**bad)
 
 
-def test_directory_reads_supported_files_sorted_and_ignores_the_rest(tmp_path):
+def test_directory_reads_its_files_sorted_and_passes_over_hidden_ones(tmp_path):
     for name in ["b.jsonl", "a.parquet", "c.jsonl.gz"]:
         write_records(tmp_path, name.split(".", 1)[1], [{"id": name, "text": "x"}], name=name.split(".")[0])
-    (tmp_path / "README.md").write_text("not a corpus")
     write_jsonl(tmp_path / ".hidden.jsonl", [{"id": "hidden", "text": "x"}])
-    (tmp_path / "sub.jsonl").mkdir()  # a directory, despite its name
-    write_jsonl(tmp_path / "sub.jsonl" / "d.jsonl", [{"id": "nested", "text": "x"}])
+    (tmp_path / "_SUCCESS").write_bytes(b"")
+    (tmp_path / ".git").mkdir()
     reader = CorpusReader(tmp_path)
     assert [p.name for p in reader.files] == ["a.parquet", "b.jsonl", "c.jsonl.gz"]
+    assert [p.name for p in reader.passed_over] == [".git", ".hidden.jsonl", "_SUCCESS"]
     assert [i for i, _ in read(reader)] == ["a.parquet", "b.jsonl", "c.jsonl.gz"]
 
 
@@ -232,8 +232,9 @@ BAD_LINES = {
     "boolean id": (b'{"id": true, "text": "t"}', "id field 'id' is a boolean", None),
     "list id": (b'{"id": ["a"], "text": "t"}', "id field 'id' is an array", None),
     "empty id": (b'{"id": "", "text": "t"}', "empty id", None),
-    "id with newline": (b'{"id": "a\\nb", "text": "t"}', "contains a line break", None),
-    "id with carriage return": (b'{"id": "a\\rb", "text": "t"}', "contains a line break", None),
+    "id with newline": (b'{"id": "a\\nb", "text": "t"}', "contains whitespace (U+000A at character 2)", None),
+    "id with carriage return": (b'{"id": "a\\rb", "text": "t"}', "contains whitespace (U+000D", None),
+    "id with a space": (b'{"id": "a b", "text": "t"}', "id 'a b' contains whitespace (U+0020", None),
     "missing text": (b'{"id": "x", "title": "t"}', "no text field", "x"),
     "non-string text": (b'{"id": "x", "text": 5}', "text field 'text' is a number", "x"),
     "non-string title": (b'{"id": "x", "title": {}, "text": "t"}', "text field 'title' is an object", "x"),
@@ -354,7 +355,7 @@ def test_a_corpus_of_only_bad_records_fails_at_the_end_even_when_skipping(tmp_pa
         (lambda d: d / "missing.jsonl", "no such file or directory"),
         (lambda d: d, "directory holds no corpus files"),
         (lambda d: str(d / "*.jsonl"), "pattern matches nothing"),
-        (lambda d: (d / "notes.txt").write_text("x") and str(d / "*"), "pattern matches only unsupported"),
+        (lambda d: (d / "notes.txt").write_text("x") and str(d / "*"), "pattern matches this unsupported file"),
         (lambda d: (d / "c.csv").write_text("id,text") and d / "c.csv", "unsupported file type"),
     ],
     ids=[
@@ -370,8 +371,8 @@ def test_bad_sources_fail_when_the_reader_is_made(tmp_path, make, message):
         CorpusReader(make(tmp_path))
 
 
-def test_directory_with_only_unsupported_files(tmp_path):
-    (tmp_path / "README.md").write_text("x")
+def test_directory_with_only_hidden_files(tmp_path):
+    (tmp_path / ".README.md").write_text("x")
     with pytest.raises(InputError, match="directory holds no corpus files") as caught:
         CorpusReader(tmp_path)
     assert ".parquet" in caught.value.hint

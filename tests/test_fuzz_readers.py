@@ -3,8 +3,11 @@ the project's own errors."""
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import gzip
+import lzma
+import os
 import tempfile
 from pathlib import Path
 
@@ -14,17 +17,18 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lsr_index.corpus import CorpusReader
+from lsr_index.corpus import CorpusReader, Fields, check_id
 from lsr_index.errors import LsrIndexError
 from lsr_index.topics import read_qrels, read_queries
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
-ids = st.text(min_size=1, max_size=20).filter(lambda s: not any(c in s for c in "\n\r\x00"))
+ids = st.text(min_size=1, max_size=20).filter(lambda s: check_id(s) is None)
 # An escaped NUL becomes a space, so a text is blank when it is blank after that replacement.
 texts = st.text(min_size=1, max_size=50).filter(lambda s: not s.replace("\x00", " ").isspace())
 records = st.lists(st.tuples(ids, texts), min_size=1, max_size=30, unique_by=lambda r: r[0])
-FORMATS = ["jsonl", "jsonl.gz", "parquet", "arrow", "ipc"]
+FORMATS = ["jsonl", "jsonl.gz", "jsonl.bz2", "jsonl.xz", "ndjson", "parquet", "arrow", "ipc"]
+COMPRESS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
 
 
 def write(path: Path, rows: list[tuple[str, str]]) -> None:
@@ -37,7 +41,7 @@ def write(path: Path, rows: list[tuple[str, str]]) -> None:
             writer.write_table(table, max_chunksize=4)
     else:
         data = b"".join(orjson.dumps({"id": i, "text": t}) + b"\n" for i, t in rows)
-        path.write_bytes(gzip.compress(data) if path.suffix == ".gz" else data)
+        path.write_bytes(COMPRESS[path.suffix](data) if path.suffix in COMPRESS else data)
 
 
 def read_all(path: Path, **options) -> list[tuple[str, str]]:
@@ -74,13 +78,19 @@ arbitrary_bytes = st.one_of(
 )
 
 
+NAMES = [f"c.{ext}" for ext in ["jsonl", "ndjson", "parquet", "arrow", "ipc", "feather"]] + [
+    f"c.{raw}jsonl{suffix}" for suffix in COMPRESS for raw in ("", "raw.")
+]
+
+
 @FUZZ
-@given(data=arbitrary_bytes, name=st.sampled_from(["c.jsonl", "c.jsonl.gz", "c.raw.jsonl.gz"]))
-def test_arbitrary_bytes_as_jsonl_raise_only_own_errors(data, name):
+@given(data=arbitrary_bytes, name=st.sampled_from(NAMES), cut=st.floats(0, 1))
+def test_arbitrary_bytes_in_any_format_raise_only_own_errors(data, name, cut):
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / name
-        # "raw" writes the bytes under a .gz name uncompressed: not gzip data at all.
-        path.write_bytes(gzip.compress(data) if name == "c.jsonl.gz" else data)
+        # "raw" writes the bytes under a compressed name uncompressed; others are compressed, then cut.
+        packed = COMPRESS[path.suffix](data) if path.suffix in COMPRESS and ".raw." not in name else data
+        path.write_bytes(packed if cut > 0.5 else packed[: int(cut * 2 * len(packed))])
         for on_error in ("fail", "skip"):
             with contextlib.suppress(LsrIndexError):  # any other exception fails the test
                 read_all(path, on_error=on_error)
@@ -113,3 +123,81 @@ def test_arbitrary_bytes_as_topics_raise_only_own_errors(data, name):
         path.write_bytes(data)
         with contextlib.suppress(LsrIndexError):
             (read_qrels if name.startswith("qrels") else read_queries)(path)
+
+
+def _array(kind: str, values: list) -> pa.Array:
+    """A column of ``kind`` (wrong ones included) holding ``values`` (texts; None is a null)."""
+    if kind in ("string", "large_string", "binary", "large_binary"):
+        cast = (lambda v: v.encode("utf-8", "surrogatepass")) if "binary" in kind else (lambda v: v)
+        return pa.array([None if v is None else cast(v) for v in values], getattr(pa, kind)())
+    if kind == "dictionary<string>":
+        return pa.array(values, pa.string()).dictionary_encode()
+    numbers = [None if v is None else len(v) for v in values]
+    if kind == "dictionary<int>":
+        return pa.array(numbers, pa.int64()).dictionary_encode()
+    if kind in ("int8", "uint64", "float64", "bool_", "int32"):
+        return pa.array(numbers, pa.int64()).cast(getattr(pa, kind)(), safe=False)
+    if kind == "null":
+        return pa.nulls(len(values))
+    if kind == "list<string>":
+        return pa.array([None if v is None else [v] for v in values], pa.list_(pa.string()))
+    assert kind == "struct", kind
+    return pa.array([None if v is None else {"id": v} for v in values], pa.struct([("id", pa.string())]))
+
+
+KINDS = ["string", "large_string", "binary", "large_binary", "dictionary<string>", "dictionary<int>", "int8",
+         "uint64", "float64", "bool_", "null", "int32", "list<string>", "struct"]
+
+
+@FUZZ
+@given(
+    values=st.lists(st.none() | st.text(max_size=8), max_size=12),
+    id_kind=st.sampled_from(KINDS),
+    text_kind=st.sampled_from(KINDS),
+    fmt=st.sampled_from(["parquet", "arrow", "ipc"]),
+    id_field=st.sampled_from([None, "id", "meta.id", "meta"]),
+)
+def test_any_column_types_raise_only_own_errors(values, id_kind, text_kind, fmt, id_field):
+    """Wrong types (binary, lists, structs, dictionaries of ints, …), nulls, nested fields, zero rows."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / f"c.{fmt}"
+        table = pa.table({"id": _array(id_kind, values), "text": _array(text_kind, values[::-1]),
+                          "meta": _array("struct", values)})
+        write_table(path, table)
+        for on_error in ("fail", "skip"):
+            with contextlib.suppress(LsrIndexError):
+                read_all(path, on_error=on_error, fields=Fields(id=id_field))
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    if path.suffix == ".parquet":
+        pq.write_table(table, path, row_group_size=4)
+    else:
+        new = pa.ipc.new_file if path.suffix == ".arrow" else pa.ipc.new_stream
+        with pa.OSFile(str(path), "wb") as sink, new(sink, table.schema) as writer:
+            writer.write_table(table, max_chunksize=4)
+
+
+file_names = st.binary(min_size=1, max_size=12).filter(lambda b: b"/" not in b and b"\x00" not in b)
+
+
+@FUZZ
+@given(stem=file_names, ext=st.sampled_from([".jsonl", ".JSONL.GZ", ".parquet", ".txt", ""]))
+def test_any_file_name_raises_only_own_errors_and_an_accepted_one_can_be_recorded(stem, ext):
+    with tempfile.TemporaryDirectory() as tmp:
+        name = stem + ext.encode()
+        if name in (b".", b".."):
+            return
+        path = Path(os.fsdecode(os.fsencode(tmp) + b"/" + name))
+        plain = Path(tmp) / f"plain{ext.lower()}"  # pyarrow cannot write to a name that is not UTF-8
+        write(plain, [("d1", "text")])
+        os.rename(plain, path)
+        for source in (path, tmp, os.path.join(tmp, "*")):
+            try:
+                files = CorpusReader(source).files
+            except LsrIndexError as e:
+                assert "\n" not in str(e)  # one line
+                continue
+            for f in files:  # what the manifest and the skipped report will record
+                orjson.dumps(str(f))
+                assert str(f).isprintable()
