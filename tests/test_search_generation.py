@@ -79,3 +79,21 @@ def test_the_search_holds_a_shared_lock_on_its_generation(generations):
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with the generation
     finally:
         os.close(probe)
+
+
+def test_without_proc_a_swapped_index_is_refused_not_mixed(generations, tmp_path):
+    """Where /proc is missing Lucene opens the path itself: a generation swapped in after the record was read is
+    detected (Lucene resolved the path to another directory) and refused."""
+    from lsr_index.errors import LsrIndexError
+
+    old, new = generations
+    index = tmp_path / "index"
+    shutil.copytree(old, index)
+    work = tmp_path / ".index.building-1"
+    shutil.copytree(new, work / "index")
+    with lucene.IndexGeneration(index) as generation:
+        generation.lucene_path = str(index)  # what __init__ chooses when /proc/self/fd is unavailable
+        generation.record()
+        _publish(work / "index", index, work)
+        with pytest.raises(LsrIndexError, match="replaced while it was being opened; rerun"):
+            lucene.ImpactSearcher(generation)
