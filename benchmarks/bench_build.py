@@ -206,8 +206,8 @@ def main() -> None:
                     "load_average_at_end": os.getloadavg()},
         "vectors": f"synthetic, fitted to splade-tiny vectors of data/sample ({len(model['vocab'])} distinct terms, "
                    f"{model['lengths'].mean():.0f} terms/doc, impacts at x100: median "
-                   f"{int(np.median(model['weights']))}, max {int(model['weights'].max())}); jsonl.gz shards "
-                   "of 100,000 documents",
+                   f"{int(np.median(model['weights']))}, max {int(model['weights'].max())}); jsonl.gz shards: "
+                   f"large set of 100,000 documents each, small set in two",
         "rows": rows, "ratios": {k: {n: round(v, 3) for n, v in r.items()} for k, r in ratios.items()},
         "search": {"queries": len(topics), "hits": 1000, "threads": 1, "identical_rankings": identical,
                    **{f"{b}_queries_per_s": search[b]["queries_per_s"] for b in search}},

