@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import codecs
 import os
-import re
 from collections.abc import Collection, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -24,14 +23,11 @@ import pyarrow.parquet as pq
 
 from lsr_index.decompress import CORRUPT, open_decompressed
 from lsr_index.errors import InputError, LsrIndexError
+from lsr_index.ids import MAX_ID_BYTES, check_id
 from lsr_index.sources import compression, describe, file_format, resolve
 
 SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
 
-# Lucene cannot index a term longer than this many UTF-8 bytes (IndexWriter.MAX_TERM_LENGTH); ids are terms.
-MAX_ID_BYTES = 32766
-# Python's \s is exactly str.isspace(); \x00-\x1f and \x7f-\x9f are Unicode's controls (Cc); then surrogates.
-_BAD_ID_CHAR = re.compile(r"[\s\x00-\x1f\x7f-\x9f\ud800-\udfff]")
 _ID_KEYS = ("id", "_id", "docid")
 _TITLE_TEXT = ("title", "text")
 _ID_HINT = (
@@ -50,31 +46,6 @@ _IPC_MAGIC = b"ARROW1"
 _IPC_EOS = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")
 _IPC_UNREADABLE = "cannot read this Arrow IPC file"
 _RECREATE = "re-create or re-download the file"
-
-
-def check_id(doc_id: str) -> str | None:
-    """Why ``doc_id`` cannot be a document id (a reason that quotes it), or None when it can.
-
-    Run and qrels files separate columns by whitespace and the tools that read them disagree on what
-    whitespace is (Python's split() takes U+00A0 and U+2028, Java's \\s and trec_eval do not), so an id may
-    hold no character that ``str.isspace()`` calls whitespace, no control character (Unicode Cc: line
-    breaks, NUL, U+0085) and no lone surrogate (not UTF-8). Format characters (Cf, e.g. U+200B) are
-    allowed: nothing splits on them, and real titles hold them. Lucene caps a term at 32,766 UTF-8 bytes.
-    """
-    if not doc_id:
-        return "empty id"
-    bad = _BAD_ID_CHAR.search(doc_id)
-    if bad:
-        char = bad.group()
-        kind = "whitespace" if char.isspace() else "a lone surrogate" if ord(char) >= 0xD800 else "a control character"
-        return f"id {_shown(doc_id)} contains {kind} (U+{ord(char):04X} at character {bad.start() + 1})"
-    if len(doc_id) * 4 > MAX_ID_BYTES and (size := len(doc_id.encode())) > MAX_ID_BYTES:
-        return f"id {_shown(doc_id)} is {size:,} UTF-8 bytes, over Lucene's limit of {MAX_ID_BYTES:,} for a term"
-    return None
-
-
-def _shown(doc_id: str) -> str:
-    return repr(doc_id if len(doc_id) <= 60 else doc_id[:60] + "…")
 
 
 class FieldsError(LsrIndexError, ValueError):

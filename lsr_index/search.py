@@ -7,10 +7,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import InputError, LsrIndexError
+from .ids import check_id
 from .lucene import ImpactSearcher, IndexGeneration, index_manifest
 from .manifest import Manifest, atomic_write_bytes
 from .quantize import Quantization, quantize
-from .topics import id_problem, text_lines
+from .topics import text_lines
 
 Run = dict[str, list[tuple[str, float]]]
 RUN_FORMATS = ("trec", "msmarco")
@@ -82,9 +83,9 @@ def write_run(path: Path, run: Run, fmt: str = "trec", tag: str = "lsr-index") -
         raise LsrIndexError(f"unknown run format {fmt!r}: choose one of {', '.join(RUN_FORMATS)}")
     for qid, ranked in run.items():
         for kind, value in (("query", qid), *(("document", doc) for doc, _ in ranked)):
-            problem = id_problem(value)
+            problem = check_id(value)
             if problem:
-                raise LsrIndexError(f"{path}: not written: {kind} id {value!r} {problem}, which a {fmt} run "
+                raise LsrIndexError(f"{path}: not written: {kind} {problem}, which a {fmt} run "
                                     "cannot hold (the index was built by an older lsr-index: re-encode the corpus "
                                     "and rebuild it)")
     if fmt == "trec":

@@ -2,7 +2,7 @@
 
 These files are small, so they are read whole and validated strictly: any bad line fails with its
 file:line, because a silently dropped query or judgment would skew every metric computed from them.
-Blank lines (anywhere) are not records and are skipped. Ids follow one rule (`id_problem`), which run
+Blank lines (anywhere) are not records and are skipped. Ids follow one rule (`ids.check_id`), which run
 files need: their columns are split on any whitespace.
 """
 
@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 
 from lsr_index.errors import InputError
+from lsr_index.ids import check_id
 
 _QID_KEYS = ("_id", "id", "qid")
 _QUERY_TEXT_KEYS = ("text", "query")
@@ -26,20 +27,6 @@ _QUERIES_HEADER_IDS = ("qid", "query-id", "query_id", "_id", "id")  # a TSV's fi
 _QUERIES_HEADER_TEXTS = ("text", "query", "query-text", "query_text")
 _INTEGER = re.compile(r"-?[0-9]+")
 MAX_RELEVANCE = 1000  # trec_eval sizes its gain tables by the largest grade: 8 bytes per level, 0.8 GB at 10⁸
-_UNREPRESENTABLE = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")  # \s is Unicode whitespace: what str.split() splits on
-
-
-def id_problem(value: str) -> str | None:
-    """Why `value` cannot be a query or document id, or None. Run and qrels files split columns on any Unicode
-    whitespace (U+00A0, U+2028, U+001F … included) and lines on line breaks; control characters have no place
-    in an id either. (The corpus reader applies the same rule to document ids.)"""
-    if not value:
-        return "is empty"
-    bad = _UNREPRESENTABLE.search(value)
-    if bad is None:
-        return None
-    kind = "whitespace" if bad.group().isspace() else "a control character"
-    return f"contains {kind} (U+{ord(bad.group()):04X})"
 
 
 def read_queries(path: str | Path, notice: Callable[[str], None] | None = None) -> list[tuple[str, str]]:
@@ -48,7 +35,7 @@ def read_queries(path: str | Path, notice: Callable[[str], None] | None = None) 
 
     A TSV whose first line names its columns ("qid<TAB>text", "query-id<TAB>text", "_id<TAB>query" …) has that
     line skipped, and `notice` is told: searched, it would be a query named "qid". Query ids must pass
-    `id_problem`.
+    `ids.check_id`.
     """
     path = Path(path)
     as_json = path.name.lower().removesuffix(".gz").endswith((".jsonl", ".json"))
@@ -60,9 +47,9 @@ def read_queries(path: str | Path, notice: Callable[[str], None] | None = None) 
             if notice:
                 notice(f"{path}:{line_no}: skipped the header line {qid!r}<TAB>{text!r}")
             continue
-        problem = id_problem(qid)
+        problem = check_id(qid)
         if problem:
-            raise InputError(path, line_no, "empty query id" if not qid else f"query id {qid!r} {problem}",
+            raise InputError(path, line_no, f"query {problem}" if qid else "empty query id",
                              "run and qrels files cannot represent it")
         if not text.strip():
             raise InputError(path, line_no, f"query {qid!r} has empty text")

@@ -231,7 +231,7 @@ BAD_LINES = {
     "float id": (b'{"id": 1.5, "text": "t"}', "id field 'id' is a number", None),
     "boolean id": (b'{"id": true, "text": "t"}', "id field 'id' is a boolean", None),
     "list id": (b'{"id": ["a"], "text": "t"}', "id field 'id' is an array", None),
-    "empty id": (b'{"id": "", "text": "t"}', "empty id", None),
+    "empty id": (b'{"id": "", "text": "t"}', "id '' is empty", None),
     "id with newline": (b'{"id": "a\\nb", "text": "t"}', "contains whitespace (U+000A at character 2)", None),
     "id with carriage return": (b'{"id": "a\\rb", "text": "t"}', "contains whitespace (U+000D", None),
     "id with a space": (b'{"id": "a b", "text": "t"}', "id 'a b' contains whitespace (U+0020", None),

@@ -11,8 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lsr_index.corpus import MAX_ID_BYTES, CorpusReader, Fields, check_id
+from lsr_index.corpus import CorpusReader, Fields
 from lsr_index.errors import InputError, LsrIndexError
+from lsr_index.ids import MAX_ID_BYTES, check_id
 
 # The issue's cases: each would be written into a run file as more (or fewer) columns than it is.
 SPLIT_IDS = {
@@ -57,7 +58,7 @@ def test_check_id_at_lucenes_term_limit():
 def test_check_id_accepts_ordinary_and_format_characters():
     for doc_id in ["d1", "MED-10", "naïve-日本-🙂", 'q"uote', "zero\u200bwidth", "\ufeffbom", "a,b;c"]:
         assert check_id(doc_id) is None, doc_id
-    assert check_id("") == "empty id"
+    assert check_id("") == "id '' is empty"
 
 
 def write(tmp_path, kind: str, ids: list[str]):

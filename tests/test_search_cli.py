@@ -77,5 +77,5 @@ def test_an_old_index_holding_ids_a_run_cannot_hold_is_refused_by_name(splade_ti
     done = lsr("search", "--index", str(index), "--queries", str(queries), "--qrels", str(qrels), "--run", str(run))
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     (line,) = done.stderr.strip().splitlines()
-    assert line.startswith(f"error: {run}: not written: document id 'rel ' contains whitespace (U+0020)")
+    assert line.startswith(f"error: {run}: not written: document id 'rel ' contains whitespace (U+0020 at character 4)")
     assert not run.parent.exists() and "nDCG" not in done.stdout

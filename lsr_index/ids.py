@@ -1,0 +1,35 @@
+"""The one rule for ids, documents' and queries' alike: what run files, qrels and Lucene terms can hold."""
+
+from __future__ import annotations
+
+import re
+
+# Lucene cannot index a term longer than this many UTF-8 bytes (IndexWriter.MAX_TERM_LENGTH); ids are terms.
+MAX_ID_BYTES = 32766
+# Python's \s is exactly str.isspace(); \x00-\x1f and \x7f-\x9f are Unicode's controls (Cc); then surrogates.
+_BAD_ID_CHAR = re.compile(r"[\s\x00-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def check_id(doc_id: str) -> str | None:
+    """Why ``doc_id`` cannot be a document id (a reason that quotes it), or None when it can.
+
+    Run and qrels files separate columns by whitespace and the tools that read them disagree on what
+    whitespace is (Python's split() takes U+00A0 and U+2028, Java's \\s and trec_eval do not), so an id may
+    hold no character that ``str.isspace()`` calls whitespace, no control character (Unicode Cc: line
+    breaks, NUL, U+0085) and no lone surrogate (not UTF-8). Format characters (Cf, e.g. U+200B) are
+    allowed: nothing splits on them, and real titles hold them. Lucene caps a term at 32,766 UTF-8 bytes.
+    """
+    if not doc_id:
+        return "id '' is empty"
+    bad = _BAD_ID_CHAR.search(doc_id)
+    if bad:
+        char = bad.group()
+        kind = "whitespace" if char.isspace() else "a lone surrogate" if ord(char) >= 0xD800 else "a control character"
+        return f"id {_shown(doc_id)} contains {kind} (U+{ord(char):04X} at character {bad.start() + 1})"
+    if len(doc_id) * 4 > MAX_ID_BYTES and (size := len(doc_id.encode())) > MAX_ID_BYTES:
+        return f"id {_shown(doc_id)} is {size:,} UTF-8 bytes, over Lucene's limit of {MAX_ID_BYTES:,} for a term"
+    return None
+
+
+def _shown(doc_id: str) -> str:
+    return repr(doc_id if len(doc_id) <= 60 else doc_id[:60] + "…")
