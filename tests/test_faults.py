@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 
 from lsr_index import writers
+from lsr_index.durable import atomic_write_bytes, exclusive_lock
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.errors import LsrIndexError
-from lsr_index.manifest import MANIFEST, Manifest, atomic_write_bytes, exclusive_lock
+from lsr_index.manifest import MANIFEST, Manifest, Shard
 from lsr_index.quantize import SparseVectors
 from lsr_index.writers import ShardWriter, read_shard, verify_shards
 
@@ -44,8 +45,9 @@ def synthetic_vectors(out: Path, docs: int, terms: int = 20, max_impact: int = 6
     cost grows with docs × terms × impact: Anserini repeats each term `impact` times."""
     rng = np.random.default_rng(7)
     vocab = np.array([f"t{i}" for i in range(2000)], dtype=object)
-    manifest = Manifest(model={"name": "synthetic", "sha256": "0" * 64}, encoder={"query_max_length": 16},
-                        quantization={"scale": 100.0}, input={}, output_format=fmt)
+    manifest = Manifest(model={"name": "synthetic", "sha256": "0" * 64},
+                        encoder={"doc_max_length": 32, "query_max_length": 16, "dtype": "float32", "backend": "auto"},
+                        quantization={"scale": 100.0}, input={}, output_format=fmt, shard_docs=shard_docs)
     (out / "shards").mkdir(parents=True)
     for k, start in enumerate(range(0, docs, shard_docs)):
         n = min(shard_docs, docs - start)
@@ -54,7 +56,9 @@ def synthetic_vectors(out: Path, docs: int, terms: int = 20, max_impact: int = 6
         writer.add([f"d{start + i}" for i in range(n)],
                    SparseVectors(np.arange(n + 1, dtype=np.int64) * terms, chosen.astype(np.int32).ravel(),
                                  rng.integers(1, max_impact, n * terms, dtype=np.int32)))
-        manifest.shards.append(writer.finish(start, out))
+        sha = writer.finish()
+        manifest.shards.append(Shard(file=f"shards/part-{k:05d}.{fmt}", start=start, docs=n, nonzeros=writer.nonzeros,
+                                     sha256=sha, input="0" * 32))
     manifest.complete = True
     manifest.save(out)
     return manifest
@@ -103,7 +107,9 @@ def full_disk_open(free: int):
             return super().write(data)
 
     def fake_open(file, mode="r", *args, **kwargs):
-        return Full(os.fspath(file), "w") if "w" in mode else open(file, mode, *args, **kwargs)
+        if "w" not in mode:
+            return open(file, mode, *args, **kwargs)
+        return Full(file if isinstance(file, int) else os.fspath(file), "w")
 
     return fake_open
 
@@ -321,7 +327,7 @@ def test_shard_writer_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch, fmt):
         writer = ShardWriter(path, fmt, vocab)
         for ids, vectors in batches:
             writer.add(ids, vectors)
-        writer.finish(0, tmp_path)
+        writer.finish()
 
     write_shard()
     size = path.stat().st_size
@@ -346,7 +352,7 @@ def test_a_failed_fsync_publishes_nothing(tmp_path, monkeypatch):
     writer.add(["d"], SparseVectors(np.array([0, 1]), np.array([1], np.int32), np.array([5], np.int32)))
     monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(LsrIndexError, match=r"part-00000.parquet: cannot write the shard: .*\[EIO\]"):
-        writer.finish(0, tmp_path)
+        writer.finish()
     writer.abort()  # what the caller does next: harmless twice
     assert sorted(tmp_path.iterdir()) == []
 
