@@ -110,8 +110,13 @@ def pieces(batches: Iterator[pa.RecordBatch] | CorpusReader, shard_docs: int) ->
             shard = lo // shard_docs
             hi = min(position, (shard + 1) * shard_docs)
             if held is not None:
-                yield Piece(held[0], held[1], held[2], last=held[1] + held[2].num_rows == (held[0] + 1) * shard_docs)
-            held = (shard, lo, batch.slice(lo - start, hi - lo))
+                yield Piece(*held, last=False)
+                held = None
+            rows = batch.slice(lo - start, hi - lo)
+            if hi == (shard + 1) * shard_docs:  # ends its shard whatever follows
+                yield Piece(shard, lo, rows, last=True)
+            else:
+                held = (shard, lo, rows)
             lo = hi
     if held is not None:
         yield Piece(*held, last=True)

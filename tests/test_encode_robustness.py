@@ -173,19 +173,19 @@ def test_fixing_a_bad_record_keeps_the_shards_before_it_and_a_changed_one_is_ree
     broken[299] = '{"id": "broken"}'
     corpus.write_text("\n".join(broken) + "\n")
     with pytest.raises(LsrIndexError, match=r"c\.jsonl:300"):
-        encode(corpus, tmp_path / "v")
+        encode(corpus, tmp_path / "v", max_tokens=4096)
     kept = Manifest.load(tmp_path / "v")
-    assert kept.docs == 256  # the first batch of 256 documents: shards 0..3
+    assert kept.docs == 256  # the first batch (max_tokens / 16 = 256 documents): shards 0..3
     fixed = list(lines)
     record = json.loads(fixed[10])
     record["text"] = "an edited document in the first shard"
     fixed[10] = json.dumps(record)
     corpus.write_text("\n".join(fixed) + "\n")
-    done = encode(corpus, tmp_path / "v")
+    done = encode(corpus, tmp_path / "v", max_tokens=4096)
     assert done.complete and done.docs == 400
     # shard 0 (documents 0..63) changed and is encoded again, shards 1..3 are kept, 4..6 are new
     assert done.stats["stale_parts_reencoded"] == 1 and done.stats["docs_this_run"] == 64 + 144
-    reader = CorpusReader([str(corpus)], batch_size=1000)
+    reader = CorpusReader([str(corpus)], batch_size=1000, max_chars=32 * 100)
     batch = next(iter(reader))
     ids, texts = batch.column("id").to_pylist(), batch.column("text").to_pylist()
     assert all(int(s.input, 16) == input_digest(s.start, ids[s.start:s.end], texts[s.start:s.end])
@@ -215,7 +215,7 @@ DRIVER = textwrap.dedent("""
     from pathlib import Path
     from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
     options = EncodeOptions(doc_max_length=32, output_format=sys.argv[3], checkpoint_seconds=float(sys.argv[4]),
-                            progress=False)
+                            max_tokens=4096, progress=False)
     m = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]))
     print(m.stats["docs_this_run"], m.stats["resumed_at"])
 """)
