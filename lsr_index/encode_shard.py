@@ -199,9 +199,11 @@ class _ShardSink:
             sha = writer.finish(path)
             stats, docs, nonzeros = state.stats, writer.docs, writer.nonzeros
         else:
-            if state.writer:
-                state.chunks.append(self._checkpoint(shard, state))
+            tail = [self._checkpoint(shard, state)] if state.writer else []
+            state.chunks += tail
             sha = concatenate([self.out / c.file for c in state.chunks], path, self.fmt)
+            for chunk in tail:  # never recorded: the planner deletes the recorded chunks once the shard is listed
+                (self.out / chunk.file).unlink()
             stats = _Stats()
             for chunk in state.chunks:
                 stats.add(_Stats.of(chunk))

@@ -239,7 +239,7 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     lines = sample_lines()
     corpus = tmp_path / "c.jsonl"  # 800 documents: one shard (default shard_docs), four pieces of 256
     corpus.write_text("".join(line + "\n" for line in lines) + "".join(
-        json.dumps({**json.loads(line), "_id": "copy-" + json.loads(line)["_id"]}) + "\n" for line in lines))
+        json.dumps({**json.loads(line), "id": "copy-" + json.loads(line)["id"]}) + "\n" for line in lines))
     whole = _run(corpus, tmp_path / "whole", fmt, 30.0)
     assert whole.wait() == 0, whole.stderr.read()
     out = tmp_path / "killed"
