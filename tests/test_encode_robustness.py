@@ -263,3 +263,40 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     if fmt == "jsonl.gz":  # the same gzip members, concatenated: the same bytes
         assert [s.sha256 for s in resumed.shards] == [s.sha256 for s in reference.shards]
     assert not resumed.chunks and not [p.name for p in (out / "shards").iterdir() if p.name.startswith(".")]
+
+
+def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path):
+    """On GPU runs pieces are serialized in a process pool; the shard must not change by a byte."""
+    import numpy as np
+    import pyarrow as pa
+
+    from lsr_index.encode_job import Piece
+    from lsr_index.encode_shard import Assignment, _ShardSink, _Stats
+    from lsr_index.quantize import SparseVectors
+
+    rng = np.random.default_rng()
+    vocab = np.array([f"t{i}" for i in range(500)], dtype=object)
+    chunks = []
+    for n in (7, 1, 12):
+        lengths = rng.integers(0, 30, n)
+        indptr = np.concatenate([[0], np.cumsum(lengths)])
+        terms = np.concatenate([np.sort(rng.choice(500, k, replace=False)) for k in lengths]).astype(np.int32)
+        chunks.append(([f"doc {len(chunks)}-{i}" for i in range(n)],
+                       SparseVectors(indptr, terms, rng.integers(1, 300, int(indptr[-1])).astype(np.int32))))
+    shas = []
+    for serializers in (0, 2):
+        out = tmp_path / f"s{serializers}"
+        (out / "shards").mkdir(parents=True)
+        published = []
+        job = EncodeJob(inputs=("unused",), options=EncodeOptions(shard_docs=20, output_format="jsonl.gz"))
+        sink = _ShardSink(out, job, vocab, published.append, serializers=serializers, assignment=Assignment())
+        start = 0
+        for i, (ids, vectors) in enumerate(chunks):
+            rows = pa.record_batch([pa.array(ids)], names=["id"])
+            sink.put(Piece(0, start, rows, last=i == len(chunks) - 1), ids, vectors, _Stats())
+            start += len(ids)
+        sink.close()
+        assert [s.docs for s in published] == [20]
+        shas.append(published[0].sha256)
+        assert [doc for doc, _ in read_shard(out / published[0].file)] == [d for ids, _ in chunks for d in ids]
+    assert shas[0] == shas[1]
