@@ -45,8 +45,6 @@ class Plan:
     @classmethod
     def open(cls, out: Path, job: EncodeJob, fresh: Manifest) -> Plan:
         """Start, resume or refuse, depending on what the directory already holds."""
-        for path, what in ((out / MANIFEST, "manifest"), (out / SHARDS, "shards directory"), (out / ".lock", "lock")):
-            refuse_symlink(path, what)
         plan = cls(out, job, _start_or_resume(out, fresh, job.options.overwrite))
         plan.manifest.complete = False
         plan._verify_recorded()
@@ -203,8 +201,11 @@ def _start_or_resume(out: Path, fresh: Manifest, overwrite: bool) -> Manifest:
     return old
 
 
-def _refuse_input_inside(job: EncodeJob, out: Path) -> None:
-    """An output directory that holds an input could have it replaced or deleted by --overwrite."""
+def _refuse_foreign_places(job: EncodeJob, out: Path) -> None:
+    """Links would carry writes and deletes out of the output (checked before the lock file is even opened), and an
+    output directory that holds an input could have it replaced or deleted by --overwrite."""
+    for path, what in ((out / MANIFEST, "manifest"), (out / SHARDS, "shards directory"), (out / ".lock", "lock")):
+        refuse_symlink(path, what)
     root = out.resolve()
     for path in job.reader().files:
         if path.resolve().is_relative_to(root):
@@ -235,7 +236,7 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
                "fields": {"id": reader.fields.id, "text": list(reader.fields.text or []) or None},
                "on_error": job.on_error},
         shard_docs=options.shard_docs)
-    _refuse_input_inside(job, out)
+    _refuse_foreign_places(job, out)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out):
         plan = Plan.open(out, job, fresh)
