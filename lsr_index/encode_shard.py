@@ -171,7 +171,7 @@ class _ShardSink:
         state = shards.setdefault(shard, _Open(list(self.assignment.chunks.get(shard, ()))))
         if ids is not None:
             if state.writer is None:
-                state.writer = ShardWriter(self.out / chunk_file(shard, start, self.fmt), self.fmt, self.vocab)
+                state.writer = ShardWriter(self.out / shard_file(shard, self.fmt), self.fmt, self.vocab)
                 state.start, state.opened, state.stats = start, time.monotonic(), _Stats()
             if payload is not None:
                 state.writer.add_serialized(payload.result(), len(ids), vectors.nnz)
@@ -187,7 +187,7 @@ class _ShardSink:
 
     def _checkpoint(self, shard: int, state: _Open) -> Chunk:
         writer, state.writer = state.writer, None
-        sha = writer.finish()
+        sha = writer.finish(self.out / chunk_file(shard, state.start, self.fmt))
         s = state.stats
         return Chunk(file=chunk_file(shard, state.start, self.fmt), start=state.start, docs=writer.docs,
                      nonzeros=writer.nonzeros, sha256=sha, input=digest_hex(s.digest), truncated=s.truncated,
@@ -197,7 +197,7 @@ class _ShardSink:
         path = self.out / shard_file(shard, self.fmt)
         if not state.chunks:  # the shard was written in one run: its one file is the shard
             writer = state.writer
-            sha = writer.finish(path)
+            sha = writer.finish()
             stats, docs, nonzeros = state.stats, writer.docs, writer.nonzeros
         else:
             tail = [self._checkpoint(shard, state)] if state.writer else []

@@ -165,8 +165,7 @@ class ShardWriter:
                 self._raw.close()
 
     def finish(self, path: Path | None = None) -> str:
-        """Publish the file under its own name, or `path` (a checkpoint that turned out to be the whole shard);
-        its sha256."""
+        """Publish the file under its own name, or as `path` (a checkpoint of the shard); its sha256."""
         if not self._open:
             raise LsrIndexError(f"{self.path}: the shard writer is closed")
         try:
