@@ -9,7 +9,7 @@ checkpointed chunk. Everything read back is validated here: an edited or hostile
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path, PurePosixPath
 
 from .durable import atomic_write_bytes, os_cause
@@ -158,19 +158,22 @@ def _list(value: object, key: str) -> list:
 def _part(kind: type[Part], body: object, label: str) -> Part:
     if not isinstance(body, dict):
         raise _Malformed(f"{label} is not an object")
-    names = {f.name for f in fields(kind)}
-    if set(body) - names or {"file", "start", "docs", "nonzeros", "sha256", "input"} - set(body):
-        raise _Malformed(f"{label} must have the keys {', '.join(sorted(names))}")
-    for key, value in body.items():
-        want = str if key in ("file", "sha256", "input") else int
+    known = {f.name: f for f in fields(kind)}
+    unknown = sorted(set(body) - set(known))
+    if unknown:
+        raise _Malformed(f"{label}: unknown key {unknown[0]!r}")
+    for key, spec in known.items():
+        if key not in body and spec.default is not MISSING:
+            continue
+        value, want = body.get(key), str if key in ("file", "sha256", "input") else int
         if not isinstance(value, want) or isinstance(value, bool) or (want is int and value < 0):
             raise _Malformed(f"{label}: {key!r} must be a{' non-negative' if want is int else ''} "
                              f"{want.__name__}, got {value!r}")
     if not body["file"] or "\0" in body["file"]:
         raise _Malformed(f"{label}: empty or invalid file name")
-    for key, size in (("sha256", 64), ("input", 32)):
+    for key, size, what in (("sha256", 64, "a sha256"), ("input", 32, "a 128-bit")):
         if len(body[key]) != size or any(c not in "0123456789abcdef" for c in body[key]):
-            raise _Malformed(f"{label}: {key!r} is not a {size}-digit hex digest")
+            raise _Malformed(f"{label}: {key!r} is not {what} hex digest")
     return kind(**body)
 
 
@@ -179,9 +182,9 @@ def _check_sections(body: dict) -> None:
     for key in ("model", "encoder", "quantization", "input", "stats"):
         if key in body and not isinstance(body[key], dict):
             raise _Malformed(f"{key!r} must be an object")
-    model = body.get("model", {})
-    if not isinstance(model.get("name"), str) or not isinstance(model.get("sha256"), str):
-        raise _Malformed("'model.name' and 'model.sha256' must be strings")
+    for key in ("name", "sha256"):  # what `search` reads back to load the model that encoded the documents
+        if not isinstance(body.get("model", {}).get(key), str):
+            raise _Malformed(f"'model.{key}' is missing or not a str")
     encoder = body.get("encoder", {})
     try:
         for key in ("doc_max_length", "query_max_length", "dtype", "backend"):

@@ -463,10 +463,11 @@ def test_search_refuses_a_damaged_index_record(tmp_path):
     index.mkdir()
     for text, message in [("{", "not valid JSON"), ("[]", "not an lsr-index index record"),
                           ('{"kind": "lsr-index/index", "vectors_manifest": {"kind": "lsr-index/vectors", '
-                           '"version": 1, "shards": [{"file": "../x", "start": 0, "docs": 1, "nonzeros": 1, '
-                           '"sha256": "' + "0" * 64 + '"}], "output_format": "jsonl", "model": {"name": "m", '
-                           '"sha256": "s"}, "encoder": {"query_max_length": 8}, "quantization": {"scale": 100}, '
-                           '"input": {}}}', "not a relative path inside")]:
+                           '"version": 2, "shards": [{"file": "../x", "start": 0, "docs": 1, "nonzeros": 1, '
+                           '"sha256": "' + "0" * 64 + '", "input": "' + "0" * 32 + '"}], "output_format": "jsonl", '
+                           '"model": {"name": "m", "sha256": "s"}, "encoder": {"doc_max_length": 8, '
+                           '"query_max_length": 8, "dtype": "float32", "backend": "auto"}, "shard_docs": 1, '
+                           '"quantization": {"scale": 100}, "input": {}}}', "not a relative path inside")]:
         (index / "lsr-index.json").write_text(text)
         with pytest.raises(LsrIndexError, match=message):
             index_manifest(index)
