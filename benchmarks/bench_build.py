@@ -38,7 +38,7 @@ from lsr_index.build import available_cores, build_index  # noqa: E402
 from lsr_index.lucene import ImpactSearcher, anserini_jar, jvm  # noqa: E402
 from lsr_index.manifest import Manifest  # noqa: E402
 from lsr_index.quantize import SparseVectors  # noqa: E402
-from lsr_index.writers import ShardWriter, read_shard  # noqa: E402
+from lsr_index.writers import read_shard, write_vectors  # noqa: E402
 
 
 def fit(vectors: Path) -> dict:
@@ -70,19 +70,15 @@ def draw(model: dict, n: int, rng: np.random.Generator, divide: int = 1) -> Spar
 
 def synthesize(model: dict, out: Path, docs: int, divide: int, seed: int = 1, shard_docs: int = 100_000) -> None:
     rng = np.random.default_rng(seed)
-    manifest = Manifest(model={"name": "synthetic (fitted to splade-tiny on data/sample)", "sha256": "0" * 64},
-                        encoder={"query_max_length": 64}, quantization={"scale": 100.0 / divide}, input={},
-                        output_format="jsonl.gz", shard_docs=shard_docs)
-    (out / "shards").mkdir(parents=True)
-    for k, start in enumerate(range(0, docs, shard_docs)):
-        n = min(shard_docs, docs - start)
-        writer = ShardWriter(out / "shards" / f"part-{k:05d}.jsonl.gz", "jsonl.gz", model["vocab"])
+
+    def shard(start: int, n: int):
         for lo in range(0, n, 10_000):
             m = min(10_000, n - lo)
-            writer.add([f"doc{start + lo + i}" for i in range(m)], draw(model, m, rng, divide))
-        manifest.shards.append(writer.finish(start, out))
-    manifest.complete = True
-    manifest.save(out)
+            yield [f"doc{start + lo + i}" for i in range(m)], draw(model, m, rng, divide)
+
+    write_vectors(out, model["vocab"], (shard(s, min(shard_docs, docs - s)) for s in range(0, docs, shard_docs)),
+                  "jsonl.gz", model={"name": "synthetic (fitted to splade-tiny on data/sample)", "sha256": "0" * 64},
+                  scale=100.0 / divide)
 
 
 def queries(model: dict, n: int = 500) -> list[tuple[str, dict[str, int]]]:

@@ -22,9 +22,10 @@ import threading
 import time
 from pathlib import Path
 
+from .durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
 from .errors import LsrIndexError
 from .lucene import INDEX_MANIFEST, anserini_jar, check_index, count_docs, java_home
-from .manifest import MANIFEST, Manifest, atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
+from .manifest import MANIFEST, Manifest
 from .writers import json_vector_line, read_shard, verify_shards
 
 BUILDERS = ("direct", "anserini")

@@ -15,8 +15,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .durable import atomic_write_bytes
 from .errors import LsrIndexError
-from .manifest import Manifest, atomic_write_bytes
+from .manifest import Manifest
 from .writers import read_shard
 
 QUANTILES = (("p5", 0.05), ("p25", 0.25), ("median", 0.5), ("p75", 0.75), ("p95", 0.95))

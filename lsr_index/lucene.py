@@ -19,8 +19,9 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from .durable import os_cause
 from .errors import LsrIndexError
-from .manifest import Manifest, os_cause
+from .manifest import Manifest
 
 INDEX_MANIFEST = "lsr-index.json"
 _jvm_heap: str | None = None

@@ -8,12 +8,16 @@ documents must share it. Rounding drops weights under 0.5/scale, which is what m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from .errors import LsrIndexError
+from .settings import check
+
+if TYPE_CHECKING:  # torch is imported where vectors are quantized: reading a manifest must not load it
+    import torch
 
 INT32_MAX = 2**31 - 1
 
@@ -24,8 +28,22 @@ class Quantization:
     top_k: int | None = None  # keep at most this many terms per vector (pruning), None: all
     min_weight: float = 0.0  # drop float weights below this before rounding
 
+    def __post_init__(self) -> None:
+        for name in ("scale", "top_k", "min_weight"):
+            check(name, getattr(self, name))
+
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, body: object, origin: str) -> Quantization:
+        """From a manifest or index record: unknown keys and bad values are refused, not passed on."""
+        names = {f.name for f in fields(cls)}
+        if not isinstance(body, dict) or not set(body) <= names or "scale" not in body:
+            raise LsrIndexError(f"{origin}: expected an object with 'scale' and optionally 'top_k', 'min_weight'")
+        for name, value in body.items():
+            check(name, value, origin)
+        return cls(**body)
 
 
 @dataclass
@@ -70,6 +88,8 @@ class SparseVectors:
 
 def quantize(weights: torch.Tensor, q: Quantization) -> SparseVectors:
     """[n, V] float weights (any device) → integer CSR on the host; only nonzeros are transferred."""
+    import torch
+
     w = weights.float()
     if q.min_weight > 0:
         w = torch.where(w >= q.min_weight, w, torch.zeros((), device=w.device))

@@ -6,10 +6,11 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from .durable import atomic_write_bytes
 from .errors import InputError, LsrIndexError
 from .ids import check_id
 from .lucene import ImpactSearcher, IndexGeneration, index_manifest
-from .manifest import Manifest, atomic_write_bytes
+from .manifest import Manifest
 from .quantize import Quantization, quantize
 from .topics import text_lines
 

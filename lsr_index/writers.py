@@ -1,7 +1,10 @@
 """Vector shards on disk: Anserini JsonVectorCollection (.jsonl / .jsonl.gz) or Parquet (id, terms, weights).
 
-A shard is written under a temporary name and renamed only once complete and fsynced, so a crash
-never leaves a file that looks finished; its checksum then goes into the manifest.
+This module alone knows the shard format and its file names: shard k is `shards/part-NNNNN.<fmt>`; while it
+is being encoded, its checkpoints are hidden chunk files `shards/.part-NNNNN.<start>.<fmt>.chunk`, concatenated
+into the shard when it ends (the same bytes as one uninterrupted write). Every file is written under a hidden
+temporary name, created new (never through a link, never over another file), and renamed only once complete
+and fsynced, so a crash never leaves a file that looks finished; its checksum then goes into the manifest.
 """
 
 from __future__ import annotations
@@ -9,7 +12,10 @@ from __future__ import annotations
 import contextlib
 import gzip
 import os
-from collections.abc import Iterator, Sequence
+import re
+import shutil
+from collections.abc import Iterable, Iterator, Sequence
+from hashlib import blake2b
 from pathlib import Path
 from typing import NoReturn
 
@@ -18,12 +24,35 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from .durable import create_new, fsync_directory, os_cause
 from .errors import LsrIndexError
-from .manifest import Manifest, Shard, fsync_directory, os_cause
+from .manifest import MANIFEST, Manifest, Shard
 from .models import sha256_file
 from .quantize import SparseVectors
+from .settings import FORMATS
 
-FORMATS = ("jsonl", "jsonl.gz", "parquet")
+SHARDS = "shards"
+_SHARD_NAME = re.compile(r"part-\d{5,}\.(jsonl|jsonl\.gz|parquet)")
+
+
+def shard_file(index: int, fmt: str) -> str:
+    """Shard `index`'s path relative to the output directory (what the manifest records)."""
+    return f"{SHARDS}/part-{index:05d}.{fmt}"
+
+
+def chunk_file(index: int, start: int, fmt: str) -> str:
+    """The checkpoint of shard `index` that begins at document `start`: hidden until concatenated."""
+    return f"{SHARDS}/.part-{index:05d}.{start:012d}.{fmt}.chunk"
+
+
+def is_ours(name: str) -> bool:
+    """A name in the shards directory that only a shard writer makes: a shard, a chunk, or a temporary."""
+    return bool(_SHARD_NAME.fullmatch(name)) or (name.startswith(".part-") and name.endswith((".tmp", ".chunk")))
+
+
+def is_temporary(name: str) -> bool:
+    """Left by a writer that never finished (a kill): never listed, safe to delete on the next run."""
+    return name.startswith(".part-") and name.endswith(".tmp")
 PARQUET_SCHEMA = pa.schema([("id", pa.string()), ("terms", pa.list_(pa.string())),
                             ("weights", pa.list_(pa.int32()))])
 
@@ -79,20 +108,23 @@ class ShardWriter:
         if fmt not in FORMATS:
             raise LsrIndexError(f"unknown output format {fmt!r}: choose one of {', '.join(FORMATS)}")
         self.path, self.fmt, self.vocab = path, fmt, vocab
-        self.tmp = path.with_name(f".{path.name}.tmp")
+        self.tmp = _temporary(path)
         self.docs = self.nonzeros = 0
         self._raw = self._sink = None
         self._open = True
-        try:
+        try:  # JSON lines; .gz as a run of independent gzip members (one per chunk) — a valid gzip file
+            self._raw = open(create_new(self.tmp), "wb")  # noqa: SIM115 (lives until finish/abort, not a block)
             if fmt == "parquet":
                 self._arrow_vocab = pa.array(vocab.tolist(), pa.string())
-                self._sink = pq.ParquetWriter(self.tmp, PARQUET_SCHEMA, compression="zstd")
-            else:  # JSON lines; .gz as a run of independent gzip members (one per chunk) — a valid gzip file
-                self._raw = open(self.tmp, "wb")  # noqa: SIM115 (lives until finish/abort, not a block)
+                self._sink = pq.ParquetWriter(self._raw, PARQUET_SCHEMA, compression="zstd")
         except OSError as exc:
             self._fail(exc)
 
     def _fail(self, exc: OSError) -> NoReturn:
+        if isinstance(exc, FileExistsError):  # another writer's file, or a planted link: never written through
+            self._open = False
+            raise LsrIndexError(f"{self.tmp}: exists already (another writer, or not lsr-index's); "
+                                "nothing was overwritten") from exc
         self.abort()
         raise LsrIndexError(f"{self.path}: cannot write the shard: {os_cause(exc)}; the partial shard was removed "
                             "and is not in the manifest (free some space if the disk is full, then rerun the same "
@@ -133,21 +165,15 @@ class ShardWriter:
             if self._raw is not None:
                 self._raw.close()
 
-    def finish(self, start: int, root: Path) -> Shard:
-        """Publish the shard; `root` is the manifest's directory, which shard paths are relative to."""
+    def finish(self, path: Path | None = None) -> str:
+        """Publish the file under its own name, or as `path` (a checkpoint of the shard); its sha256."""
         if not self._open:
             raise LsrIndexError(f"{self.path}: the shard writer is closed")
         try:
             self._close()  # flushes: a full disk can show up only here
-            with open(self.tmp, "rb") as f:
-                os.fsync(f.fileno())
-            sha = sha256_file(self.tmp)
-            os.replace(self.tmp, self.path)
-            fsync_directory(self.path.parent)
+            return _publish(self.tmp, path or self.path)
         except OSError as exc:
             self._fail(exc)
-        return Shard(file=self.path.relative_to(root).as_posix(), start=start, docs=self.docs,
-                     nonzeros=self.nonzeros, sha256=sha)
 
     def abort(self) -> None:
         """Drop the partial shard; safe to call twice, and never raises over the error that led here."""
@@ -159,12 +185,55 @@ class ShardWriter:
                 self.tmp.unlink(missing_ok=True)
 
 
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name.lstrip('.')}.tmp")
+
+
+def _publish(tmp: Path, path: Path) -> str:
+    """fsync `tmp`, rename it to `path`, fsync the directory: the file is whole under its name or absent."""
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    sha = sha256_file(tmp)
+    os.replace(tmp, path)
+    fsync_directory(path.parent)
+    return sha
+
+
+def concatenate(chunks: Sequence[Path], path: Path, fmt: str) -> str:
+    """Publish the shard made of `chunks` in order (the files are left for their owner to delete); its sha256.
+
+    JSON lines and gzip members concatenate as bytes; Parquet row groups are copied one by one, as written.
+    """
+    tmp = _temporary(path)
+    try:
+        with open(create_new(tmp), "wb") as out:
+            if fmt == "parquet":
+                with pq.ParquetWriter(out, PARQUET_SCHEMA, compression="zstd") as writer:
+                    for chunk in chunks:
+                        source = pq.ParquetFile(chunk)
+                        for group in range(source.num_row_groups):
+                            writer.write_table(source.read_row_group(group))
+            else:
+                for chunk in chunks:
+                    with open(chunk, "rb") as f:
+                        shutil.copyfileobj(f, out, 1 << 20)
+        return _publish(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        if isinstance(exc, FileExistsError):
+            raise LsrIndexError(f"{tmp}: exists already (another writer, or not lsr-index's); nothing was "
+                                "overwritten") from exc
+        raise LsrIndexError(f"{path}: cannot write the shard: {os_cause(exc)} (free some space if the disk is "
+                            "full, then rerun the same command to continue after the last checkpoint)") from exc
+
+
 def verify_shards(directory: Path, manifest: Manifest) -> None:
     """Refuse to use a vectors directory whose shards are missing, truncated, altered or do not tile."""
     expected = 0
     for shard in sorted(manifest.shards, key=lambda s: s.start):
         if shard.start != expected:
-            raise LsrIndexError(f"{directory / 'manifest.json'}: the shards do not cover documents "
+            raise LsrIndexError(f"{directory / MANIFEST}: the shards do not cover documents "
                                 f"{expected}..{shard.start - 1}; rerun `lsr-index encode` to finish the encoding")
         expected += shard.docs
     for shard in manifest.shards:
@@ -177,7 +246,7 @@ def verify_shards(directory: Path, manifest: Manifest) -> None:
         except OSError as exc:
             raise LsrIndexError(f"{path}: cannot read the shard: {os_cause(exc)}") from None
         if digest != shard.sha256:
-            raise LsrIndexError(f"{path}: checksum mismatch against {directory / 'manifest.json'} "
+            raise LsrIndexError(f"{path}: checksum mismatch against {directory / MANIFEST} "
                                 "(the shard is corrupted or truncated; re-encode it)")
 
 
@@ -192,3 +261,32 @@ def read_shard(path: Path) -> Iterator[tuple[str, dict[str, int]]]:
         for line in f:
             record = orjson.loads(line)
             yield record["id"], record["vector"]
+
+
+def write_vectors(out: Path, vocab: Sequence[str], shards: Iterable[Iterable[tuple[Sequence[str], SparseVectors]]],
+                  fmt: str = "jsonl", model: dict | None = None, encoder: dict | None = None,
+                  scale: float = 100.0) -> Manifest:
+    """A complete vectors directory from vectors made elsewhere (tests, benchmarks, an import): the shard files,
+    names, checksums and manifest that `encode` writes, one shard per item of `shards` (its (ids, vectors)
+    batches in order). `encoder` overrides the recorded settings; the model is recorded as given, unchecked."""
+    terms = np.array(vocab, dtype=object)
+    encoder = {"doc_max_length": 256, "query_max_length": 64, "dtype": "float32", "backend": "auto", **(encoder or {})}
+    manifest = Manifest(model=model or {"name": "synthetic", "sha256": "0" * 64}, encoder=encoder,
+                        quantization={"scale": scale, "top_k": None, "min_weight": 0.0}, input={}, output_format=fmt)
+    (out / SHARDS).mkdir(parents=True, exist_ok=True)
+    start = 0
+    for k, batches in enumerate(shards):
+        name = shard_file(k, fmt)
+        writer = ShardWriter(out / name, fmt, terms)
+        ids_seen = blake2b(digest_size=16)
+        for ids, vectors in batches:
+            writer.add(ids, vectors)
+            ids_seen.update("\0".join(ids).encode() + b"\0")
+        sha = writer.finish()
+        manifest.shards.append(Shard(file=name, start=start, docs=writer.docs, nonzeros=writer.nonzeros, sha256=sha,
+                                     input=ids_seen.hexdigest()))
+        start += writer.docs
+    manifest.shard_docs = max([s.docs for s in manifest.shards], default=1)
+    manifest.complete = True
+    manifest.save(out)
+    return manifest

@@ -8,9 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lsr_index.manifest import Manifest
+from lsr_index import writers
 from lsr_index.quantize import SparseVectors
-from lsr_index.writers import ShardWriter
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
@@ -21,18 +20,13 @@ def write_vectors(out: Path, model, docs: dict[str, dict[str, int]], scale: floa
     """A complete vectors directory holding `docs` ({id: {term: impact}}), recorded as encoded by `model`."""
     vocab = np.array(sorted({t for vector in docs.values() for t in vector}), dtype=object)
     column = {term: i for i, term in enumerate(vocab)}
-    manifest = Manifest(model={"name": model.name, "sha256": model.sha256},
-                        encoder={"query_max_length": query_max_length}, quantization={"scale": scale}, input={},
-                        output_format="jsonl")
-    (out / "shards").mkdir(parents=True)
-    writer = ShardWriter(out / "shards" / "part-00000.jsonl", "jsonl", vocab)
     rows = [sorted((column[t], w) for t, w in vector.items()) for vector in docs.values()]
-    writer.add(list(docs), SparseVectors(np.cumsum([0] + [len(r) for r in rows]).astype(np.int64),
-                                         np.array([t for r in rows for t, _ in r], dtype=np.int32),
-                                         np.array([w for r in rows for _, w in r], dtype=np.int32)))
-    manifest.shards.append(writer.finish(0, out))
-    manifest.complete = True
-    manifest.save(out)
+    vectors = SparseVectors(np.cumsum([0] + [len(r) for r in rows]).astype(np.int64),
+                            np.array([t for r in rows for t, _ in r], dtype=np.int32),
+                            np.array([w for r in rows for _, w in r], dtype=np.int32))
+    writers.write_vectors(out, list(vocab), [[(list(docs), vectors)]],
+                          model={"name": model.name, "sha256": model.sha256},
+                          encoder={"query_max_length": query_max_length}, scale=scale)
     return out
 
 

@@ -15,13 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lsr_index import build
+from lsr_index import build, writers
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.impact_writer import DELIMITER, free_delimiter
 from lsr_index.manifest import Manifest
 from lsr_index.quantize import SparseVectors
-from lsr_index.writers import ShardWriter
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 LSR = [sys.executable, "-m", "lsr_index", "--quiet"]
@@ -33,21 +32,14 @@ pytestmark = pytest.mark.lucene
 def write_vectors(out: Path, vocab: list[str], docs: list[tuple[str, dict[int, int]]], fmt: str,
                   shard_docs: int = 3) -> Manifest:
     """A complete vectors directory from (id, {term index: impact}) rows, by the real ShardWriter."""
-    manifest = Manifest(model={"name": "synthetic", "sha256": "0" * 64}, encoder={"query_max_length": 16},
-                        quantization={"scale": 100.0}, input={}, output_format=fmt, shard_docs=shard_docs)
-    (out / "shards").mkdir(parents=True)
-    array = np.array(vocab, dtype=object)
-    for k, start in enumerate(range(0, len(docs), shard_docs)):
-        chunk = docs[start:start + shard_docs]
+    def shard(chunk):
         indptr = np.cumsum([0] + [len(v) for _, v in chunk])
         terms = np.array([t for _, v in chunk for t in sorted(v)], np.int32)
         weights = np.array([v[t] for _, v in chunk for t in sorted(v)], np.int32)
-        writer = ShardWriter(out / "shards" / f"part-{k:05d}.{fmt}", fmt, array)
-        writer.add([d for d, _ in chunk], SparseVectors(indptr.astype(np.int64), terms, weights))
-        manifest.shards.append(writer.finish(start, out))
-    manifest.complete = True
-    manifest.save(out)
-    return manifest
+        yield [d for d, _ in chunk], SparseVectors(indptr.astype(np.int64), terms, weights)
+
+    return writers.write_vectors(out, vocab, (shard(docs[s:s + shard_docs]) for s in range(0, len(docs), shard_docs)),
+                                 fmt, encoder={"query_max_length": 16})
 
 
 def search(index: Path, queries: list[tuple[str, dict[str, int]]], hits: int = 1000) -> dict:

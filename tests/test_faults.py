@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 
 from lsr_index import writers
+from lsr_index.durable import atomic_write_bytes, exclusive_lock
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.errors import LsrIndexError
-from lsr_index.manifest import MANIFEST, Manifest, atomic_write_bytes, exclusive_lock
+from lsr_index.manifest import MANIFEST, Manifest
 from lsr_index.quantize import SparseVectors
 from lsr_index.writers import ShardWriter, read_shard, verify_shards
 
@@ -43,21 +44,16 @@ def synthetic_vectors(out: Path, docs: int, terms: int = 20, max_impact: int = 6
     """A complete vectors directory made by the real ShardWriter and Manifest, without a model. Indexing
     cost grows with docs × terms × impact: Anserini repeats each term `impact` times."""
     rng = np.random.default_rng(7)
-    vocab = np.array([f"t{i}" for i in range(2000)], dtype=object)
-    manifest = Manifest(model={"name": "synthetic", "sha256": "0" * 64}, encoder={"query_max_length": 16},
-                        quantization={"scale": 100.0}, input={}, output_format=fmt)
-    (out / "shards").mkdir(parents=True)
-    for k, start in enumerate(range(0, docs, shard_docs)):
-        n = min(shard_docs, docs - start)
-        writer = ShardWriter(out / "shards" / f"part-{k:05d}.{fmt}", fmt, vocab)
+    vocab = [f"t{i}" for i in range(2000)]
+
+    def shard(start: int, n: int):
         chosen = np.sort((rng.integers(0, len(vocab), (n, 1)) + np.arange(terms) * 61) % len(vocab), axis=1)
-        writer.add([f"d{start + i}" for i in range(n)],
-                   SparseVectors(np.arange(n + 1, dtype=np.int64) * terms, chosen.astype(np.int32).ravel(),
-                                 rng.integers(1, max_impact, n * terms, dtype=np.int32)))
-        manifest.shards.append(writer.finish(start, out))
-    manifest.complete = True
-    manifest.save(out)
-    return manifest
+        yield [f"d{start + i}" for i in range(n)], SparseVectors(
+            np.arange(n + 1, dtype=np.int64) * terms, chosen.astype(np.int32).ravel(),
+            rng.integers(1, max_impact, n * terms, dtype=np.int32))
+
+    return writers.write_vectors(out, vocab, (shard(s, min(shard_docs, docs - s)) for s in range(0, docs, shard_docs)),
+                                 fmt, encoder={"doc_max_length": 32, "query_max_length": 16})
 
 
 def encode(source: Path, out: Path, fmt: str = "jsonl.gz", **options) -> Manifest:
@@ -103,7 +99,9 @@ def full_disk_open(free: int):
             return super().write(data)
 
     def fake_open(file, mode="r", *args, **kwargs):
-        return Full(os.fspath(file), "w") if "w" in mode else open(file, mode, *args, **kwargs)
+        if "w" not in mode:
+            return open(file, mode, *args, **kwargs)
+        return Full(file if isinstance(file, int) else os.fspath(file), "w")
 
     return fake_open
 
@@ -322,7 +320,7 @@ def test_shard_writer_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch, fmt):
         writer = ShardWriter(path, fmt, vocab)
         for ids, vectors in batches:
             writer.add(ids, vectors)
-        writer.finish(0, tmp_path)
+        writer.finish()
 
     write_shard()
     size = path.stat().st_size
@@ -347,7 +345,7 @@ def test_a_failed_fsync_publishes_nothing(tmp_path, monkeypatch):
     writer.add(["d"], SparseVectors(np.array([0, 1]), np.array([1], np.int32), np.array([5], np.int32)))
     monkeypatch.setattr(os, "fsync", broken_fsync)
     with pytest.raises(LsrIndexError, match=r"part-00000.parquet: cannot write the shard: .*\[EIO\]"):
-        writer.finish(0, tmp_path)
+        writer.finish()
     writer.abort()  # what the caller does next: harmless twice
     assert sorted(tmp_path.iterdir()) == []
 
@@ -458,10 +456,11 @@ def test_search_refuses_a_damaged_index_record(tmp_path):
     index.mkdir()
     for text, message in [("{", "not valid JSON"), ("[]", "not an lsr-index index record"),
                           ('{"kind": "lsr-index/index", "vectors_manifest": {"kind": "lsr-index/vectors", '
-                           '"version": 1, "shards": [{"file": "../x", "start": 0, "docs": 1, "nonzeros": 1, '
-                           '"sha256": "' + "0" * 64 + '"}], "output_format": "jsonl", "model": {"name": "m", '
-                           '"sha256": "s"}, "encoder": {"query_max_length": 8}, "quantization": {"scale": 100}, '
-                           '"input": {}}}', "not a relative path inside")]:
+                           '"version": 2, "shards": [{"file": "../x", "start": 0, "docs": 1, "nonzeros": 1, '
+                           '"sha256": "' + "0" * 64 + '", "input": "' + "0" * 32 + '"}], "output_format": "jsonl", '
+                           '"model": {"name": "m", "sha256": "s"}, "encoder": {"doc_max_length": 8, '
+                           '"query_max_length": 8, "dtype": "float32", "backend": "auto"}, "shard_docs": 1, '
+                           '"quantization": {"scale": 100}, "input": {}}}', "not a relative path inside")]:
         (index / "lsr-index.json").write_text(text)
         with pytest.raises(LsrIndexError, match=message):
             index_manifest(index)

@@ -61,12 +61,12 @@ def test_a_shard_reads_back_exactly_what_was_written(contents, fmt):
         writer = ShardWriter(root / f"part-00000.{fmt}", fmt, np.array(vocab, dtype=object))
         for batch in batches:
             writer.add([doc for doc, _ in batch], _csr(batch))
-        shard = writer.finish(0, root)
+        writer.finish()
         expected = [(doc, {vocab[t]: w for t, w in sorted(v.items())}) for batch in batches for doc, v in batch]
-        got = list(read_shard(root / shard.file))
+        got = list(read_shard(root / f"part-00000.{fmt}"))
         assert got == expected
         assert [list(v) for _, v in got] == [list(v) for _, v in expected]  # term order too
-        assert shard.docs == len(expected) and shard.nonzeros == sum(len(v) for _, v in expected)
+        assert writer.docs == len(expected) and writer.nonzeros == sum(len(v) for _, v in expected)
         assert sorted(p.name for p in root.iterdir()) == [f"part-00000.{fmt}"]  # no temporary file left
 
 
@@ -80,7 +80,7 @@ def test_parquet_needs_nothing_but_pyarrow(contents):
         writer = ShardWriter(path, "parquet", np.array(vocab, dtype=object))
         for batch in batches:
             writer.add([doc for doc, _ in batch], _csr(batch))
-        writer.finish(0, Path(tmp))
+        writer.finish()
         table = pq.read_table(path)
         assert table.schema.names == ["id", "terms", "weights"]
         assert table.schema.field("id").type == pa.string()
@@ -97,7 +97,7 @@ def test_parquet_reads_in_a_process_without_lsr_index(tmp_path):
     writer = ShardWriter(path, "parquet", np.array(["a", "b##", "ü"], dtype=object))
     writer.add(["d1", "d 2"], SparseVectors(np.array([0, 2, 3]), np.array([0, 2, 1], np.int32),
                                              np.array([7, INT32_MAX, 1], np.int32)))
-    writer.finish(0, tmp_path)
+    writer.finish()
     script = ("import sys, pyarrow.parquet as pq; t = pq.read_table(sys.argv[1]); "
               "assert 'lsr_index' not in sys.modules; print(t.schema.to_string(show_schema_metadata=False)); "
               "print(t.to_pylist())")

@@ -218,38 +218,6 @@ def test_cli_errors_are_one_clear_line(tmp_path):
     assert no_index.returncode == 1 and "lsr-index build" in no_index.stderr and "Traceback" not in no_index.stderr
 
 
-def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path):
-    """On GPU runs chunks are serialized in a process pool; the shard must not change by a byte."""
-    import numpy as np
-
-    from lsr_index.encode_corpus import _ShardSink
-    from lsr_index.quantize import SparseVectors
-
-    rng = np.random.default_rng()
-    vocab = np.array([f"t{i}" for i in range(500)], dtype=object)
-    chunks = []
-    for n in (7, 1, 12):
-        lengths = rng.integers(0, 30, n)
-        indptr = np.concatenate([[0], np.cumsum(lengths)])
-        terms = np.concatenate([np.sort(rng.choice(500, k, replace=False)) for k in lengths]).astype(np.int32)
-        chunks.append(([f"doc {len(chunks)}-{i}" for i in range(n)],
-                       SparseVectors(indptr, terms, rng.integers(1, 300, int(indptr[-1])).astype(np.int32))))
-    shas = []
-    for serializers in (0, 2):
-        out = tmp_path / f"s{serializers}"
-        (out / "shards").mkdir(parents=True)
-        published = []
-        job = EncodeJob(inputs=("unused",), options=EncodeOptions(shard_docs=20, output_format="jsonl.gz"))
-        sink = _ShardSink(out, job, vocab, published.append, serializers=serializers)
-        for i, (ids, vectors) in enumerate(chunks):
-            sink.put(0, ids, vectors, last=i == len(chunks) - 1)
-        sink.close()
-        assert [s.docs for s in published] == [20]
-        shas.append(published[0].sha256)
-        assert [doc for doc, _ in read_shard(out / published[0].file)] == [d for ids, _ in chunks for d in ids]
-    assert shas[0] == shas[1]
-
-
 def test_lucene_indexes_every_gzip_member(tmp_path):
     """A .jsonl.gz shard is a run of gzip members (one per chunk); Anserini must read past the first."""
     import gzip

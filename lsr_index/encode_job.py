@@ -1,0 +1,138 @@
+"""An encode job: its settings, and how its document stream divides into shards and pieces.
+
+Documents are numbered in stream order; shard k holds documents [k·shard_docs, (k+1)·shard_docs). The reader's
+batches cut at shard edges are the job's pieces: the unit that is tokenized, encoded and checkpointed together.
+The pieces depend only on the input and the settings, never on where a run started, so a run resumed after a
+checkpoint encodes exactly the batches an uninterrupted run would have (the same vectors, byte for byte).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from hashlib import blake2b
+
+import pyarrow as pa
+
+from .corpus import CorpusReader, Fields
+from .errors import LsrIndexError
+from .quantize import Quantization
+from .settings import check
+
+# Characters kept per document: doc_max_length × this. A WordPiece token spans at most 100 characters (longer
+# words become one [UNK]: BERT's max_input_chars_per_word), and real text averages 4-6 per token in BERT, BPE and
+# SentencePiece vocabularies alike; the Rust tokenizer tokenizes a text whole before it truncates, so without a
+# bound one 60 MB document took 7.3 GB to yield 256 tokens. Only text past 100 characters per kept token (runs of
+# whitespace or of over-long words) can change what is encoded; such cuts are counted in the manifest.
+CHARS_PER_TOKEN = 100
+_DIGEST_MOD = 1 << 128
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    doc_max_length: int = 256
+    query_max_length: int = 64
+    max_tokens: int = 16384  # padded tokens per forward pass: bounds activation memory, not corpus size
+    shard_docs: int = 100_000
+    output_format: str = "jsonl.gz"
+    quantization: Quantization = field(default_factory=Quantization)
+    backend: str = "auto"
+    overwrite: bool = False
+    progress: bool = True
+    checkpoint_seconds: float = 30.0  # a shard in progress is checkpointed at the first piece end past this
+
+    def __post_init__(self) -> None:
+        for name in ("doc_max_length", "query_max_length", "max_tokens", "shard_docs", "output_format", "backend",
+                     "checkpoint_seconds"):
+            check(name, getattr(self, name))
+        if not isinstance(self.quantization, Quantization):
+            raise LsrIndexError(f"quantization must be a Quantization, got {self.quantization!r}")
+
+
+@dataclass(frozen=True)
+class EncodeJob:
+    """Everything a worker process needs to rebuild its reader and model (picklable)."""
+
+    inputs: tuple[str, ...]
+    model: str = "splade-tiny"
+    dtype: str = "float32"
+    fields: Fields = field(default_factory=Fields)
+    on_error: str = "fail"
+    options: EncodeOptions = field(default_factory=EncodeOptions)
+
+    def __post_init__(self) -> None:
+        check("dtype", self.dtype)
+
+    @property
+    def window(self) -> int:
+        """Documents tokenized together and bucketed by length: large enough to fill a forward pass."""
+        return min(max(self.options.max_tokens // 16, 256), 16384)
+
+    @property
+    def max_chars(self) -> int:
+        return self.options.doc_max_length * CHARS_PER_TOKEN
+
+    def reader(self) -> CorpusReader:
+        return CorpusReader(list(self.inputs), fields=self.fields, on_error=self.on_error, batch_size=self.window,
+                            max_chars=self.max_chars)
+
+    def shard_range(self, shard: int) -> tuple[int, int]:
+        """Documents [lo, hi) of a full shard (the stream's last shard may end sooner)."""
+        return shard * self.options.shard_docs, (shard + 1) * self.options.shard_docs
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Documents [start, start + len(rows)) of shard `shard`; `last`: the shard ends with it."""
+
+    shard: int
+    start: int
+    rows: pa.RecordBatch
+    last: bool
+
+    @property
+    def end(self) -> int:
+        return self.start + self.rows.num_rows
+
+    def digest(self) -> int:
+        return input_digest(self.start, self.rows.column("id").to_pylist(), self.rows.column("text").to_pylist())
+
+
+def pieces(batches: Iterator[pa.RecordBatch] | CorpusReader, shard_docs: int) -> Iterator[Piece]:
+    """The stream's batches cut at shard edges, each knowing whether it ends its shard (looking one batch ahead,
+    so that the stream's short last shard ends with its last piece, not with a marker sent after the stream)."""
+    position = 0
+    held: tuple[int, int, pa.RecordBatch] | None = None  # the latest piece, until we know whether the stream ends
+    for batch in batches:
+        start, position = position, position + batch.num_rows
+        lo = start
+        while lo < position:
+            shard = lo // shard_docs
+            hi = min(position, (shard + 1) * shard_docs)
+            if held is not None:
+                yield Piece(*held, last=False)
+                held = None
+            rows = batch.slice(lo - start, hi - lo)
+            if hi == (shard + 1) * shard_docs:  # ends its shard whatever follows
+                yield Piece(shard, lo, rows, last=True)
+            else:
+                held = (shard, lo, rows)
+            lo = hi
+    if held is not None:
+        yield Piece(*held, last=True)
+
+
+def input_digest(start: int, ids: Sequence[str], texts: Sequence[str]) -> int:
+    """Sum of 128-bit digests of (position, id, text): the digest of a run of documents is the sum of its parts'
+    (mod 2¹²⁸), so checkpoints of a shard combine into the shard's own, and any change to a document, or to its
+    position, changes it."""
+    total = 0
+    for position, (doc_id, text) in enumerate(zip(ids, texts), start):
+        h = blake2b(f"{position}\0{doc_id}\0".encode(), digest_size=16)
+        h.update(text.encode("utf-8", "surrogatepass"))
+        total += int.from_bytes(h.digest(), "little")
+    return total % _DIGEST_MOD
+
+
+def digest_hex(value: int) -> str:
+    return f"{value % _DIGEST_MOD:032x}"

@@ -1,0 +1,308 @@
+"""The one encode task: "encode the shards assigned to me of this job", run in-process, in a local worker process,
+or by any other executor. It reads the stream, encodes the pieces of its shards that are not checkpointed yet, and
+reports each checkpoint (a Chunk) and each finished shard (a Shard) through `emit`; it never touches the manifest.
+
+Within a task, reading+tokenizing, the model, and serializing+writing run in three threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+
+from .encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
+from .errors import LsrIndexError
+from .manifest import Chunk, Part, Shard
+from .quantize import SparseVectors, quantize
+from .writers import ShardWriter, check_vocab, chunk_file, concatenate, serialize_in_worker, serializer_init, shard_file
+
+if TYPE_CHECKING:  # torch and the model load inside the task: a spawned worker imports this module first
+    from .encoder import SpladeEncoder, Tokens
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """The shards one task encodes: k ≡ worker (mod workers) and not published yet, each resuming after the
+    chunks already checkpointed for it."""
+
+    done: frozenset[int] = frozenset()
+    chunks: dict[int, tuple[Chunk, ...]] = field(default_factory=dict)
+    worker: int = 0
+    workers: int = 1
+
+    def mine(self, shard: int) -> bool:
+        return shard % self.workers == self.worker and shard not in self.done
+
+    def split(self, workers: int) -> list[Assignment]:
+        return [Assignment(self.done, {k: c for k, c in self.chunks.items() if k % workers == w}, w, workers)
+                for w in range(workers)]
+
+
+@dataclass
+class WorkerResult:
+    total_docs: int  # documents in the whole stream
+    tokens: int
+    skipped: list = field(default_factory=list)
+    worker: int = 0
+    device: str = "cpu"
+    docs: int = 0  # documents this worker encoded
+    loaded_at: float = 0.0  # time.time() when its model was on the device (process start, imports, load)
+    ready_at: float = 0.0  # time.time() when its first batch started (model loaded, first tokens read)
+    done_at: float = 0.0
+
+
+@dataclass
+class _Stats:
+    """What a piece adds to its part's record besides vectors: its input digest and truncation counts."""
+
+    digest: int = 0
+    truncated: int = 0
+    longest: int = 0
+    capped: int = 0
+
+    def add(self, other: _Stats) -> None:
+        self.digest += other.digest
+        self.truncated += other.truncated
+        self.longest = max(self.longest, other.longest)
+        self.capped += other.capped
+
+    @staticmethod
+    def of(part: Part) -> _Stats:
+        return _Stats(int(part.input, 16), part.truncated, part.longest, part.capped)
+
+
+def prefetch(items: Iterable[T], depth: int = 2) -> Iterator[T]:
+    """Run an iterator in a background thread, so that it overlaps the consumer."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    done = object()
+
+    def work() -> None:
+        try:
+            for item in items:
+                q.put(item)
+        except BaseException as exc:  # re-raised in the consumer
+            q.put(exc)
+        q.put(done)
+
+    threading.Thread(target=work, daemon=True).start()
+    while (item := q.get()) is not done:
+        if isinstance(item, BaseException):
+            raise item
+        yield item
+
+
+@dataclass
+class _Open:
+    """A shard being written: its earlier checkpoints, and the writer of the piece run since the last one."""
+
+    chunks: list[Chunk]
+    writer: ShardWriter | None = None
+    start: int = 0  # first document of the writer's run
+    opened: float = 0.0
+    stats: _Stats = field(default_factory=_Stats)
+
+
+class _ShardSink:
+    """Writes on its own thread, in piece order; checkpoints a shard at the first piece end past
+    `checkpoint_seconds` and publishes it with its last piece.
+
+    With `serializers` > 0, JSON/gzip serialization of each piece runs in that many processes (it is
+    per-document Python work that would otherwise hold the GIL the encoder needs); the writer thread
+    appends their bytes in order.
+    """
+
+    def __init__(self, out: Path, job: EncodeJob, vocab: np.ndarray, emit: Callable[[Part], None],
+                 serializers: int, assignment: Assignment):
+        self.out, self.job, self.vocab, self.emit, self.assignment = out, job, vocab, emit, assignment
+        self.fmt = job.options.output_format
+        self.pool = None
+        if serializers and self.fmt != "parquet":
+            self.pool = ProcessPoolExecutor(serializers, mp_context=mp.get_context("spawn"),
+                                            initializer=serializer_init, initargs=(vocab.tolist(),))
+        self.queue: queue.Queue = queue.Queue(maxsize=2 * serializers + 4)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._work, daemon=True)
+        self.thread.start()
+
+    def put(self, piece: Piece, ids: list[str] | None, vectors: SparseVectors | None, stats: _Stats) -> None:
+        """Queue a piece's vectors; `ids=None`: the piece was checkpointed earlier, only its shard's end is news."""
+        if self.error:
+            raise self.error
+        payload = self.pool.submit(serialize_in_worker, ids, vectors, self.fmt) if self.pool and ids else None
+        self.queue.put((piece.shard, piece.start, piece.last, ids, vectors, payload, stats))
+
+    def close(self, wait: bool = True) -> None:
+        self.queue.put(None)
+        self.thread.join()
+        if self.pool:
+            self.pool.shutdown(wait=wait, cancel_futures=not wait)
+        if self.error and wait:
+            raise self.error
+
+    def _work(self) -> None:
+        shards: dict[int, _Open] = {}
+        try:
+            while (item := self.queue.get()) is not None:
+                self._write(shards, *item)
+        except BaseException as exc:
+            self.error = exc
+            while self.queue.get() is not None:  # drain so the producer never blocks
+                pass
+        finally:
+            for state in shards.values():  # incomplete: never published
+                if state.writer:
+                    state.writer.abort()
+
+    def _write(self, shards: dict[int, _Open], shard: int, start: int, last: bool, ids: list[str] | None,
+               vectors: SparseVectors | None, payload: Future | None, stats: _Stats) -> None:
+        state = shards.setdefault(shard, _Open(list(self.assignment.chunks.get(shard, ()))))
+        if ids is not None:
+            if state.writer is None:
+                state.writer = ShardWriter(self.out / shard_file(shard, self.fmt), self.fmt, self.vocab)
+                state.start, state.opened, state.stats = start, time.monotonic(), _Stats()
+            if payload is not None:
+                state.writer.add_serialized(payload.result(), len(ids), vectors.nnz)
+            else:
+                state.writer.add(ids, vectors)
+            state.stats.add(stats)
+        if last:
+            self.emit(self._publish(shard, shards.pop(shard)))
+        elif state.writer and time.monotonic() - state.opened >= self.job.options.checkpoint_seconds:
+            chunk = self._checkpoint(shard, state)
+            state.chunks.append(chunk)
+            self.emit(chunk)
+
+    def _checkpoint(self, shard: int, state: _Open) -> Chunk:
+        writer, state.writer = state.writer, None
+        sha = writer.finish(self.out / chunk_file(shard, state.start, self.fmt))
+        s = state.stats
+        return Chunk(file=chunk_file(shard, state.start, self.fmt), start=state.start, docs=writer.docs,
+                     nonzeros=writer.nonzeros, sha256=sha, input=digest_hex(s.digest), truncated=s.truncated,
+                     longest=s.longest, capped=s.capped, shard=shard)
+
+    def _publish(self, shard: int, state: _Open) -> Shard:
+        path = self.out / shard_file(shard, self.fmt)
+        if not state.chunks:  # the shard was written in one run: its one file is the shard
+            writer = state.writer
+            sha = writer.finish()
+            stats, docs, nonzeros = state.stats, writer.docs, writer.nonzeros
+        else:
+            tail = [self._checkpoint(shard, state)] if state.writer else []
+            state.chunks += tail
+            sha = concatenate([self.out / c.file for c in state.chunks], path, self.fmt)
+            for chunk in tail:  # never recorded: the planner deletes the recorded chunks once the shard is listed
+                (self.out / chunk.file).unlink()
+            stats = _Stats()
+            for chunk in state.chunks:
+                stats.add(_Stats.of(chunk))
+            docs, nonzeros = sum(c.docs for c in state.chunks), sum(c.nonzeros for c in state.chunks)
+        return Shard(file=shard_file(shard, self.fmt), start=self.job.shard_range(shard)[0], docs=docs,
+                     nonzeros=nonzeros, sha256=sha, input=digest_hex(stats.digest), truncated=stats.truncated,
+                     longest=stats.longest, capped=stats.capped)
+
+
+def encode_shards(job: EncodeJob, out: Path, device: str, assignment: Assignment, emit: Callable[[Part], None],
+                  progress: Callable[[int, int], None]) -> WorkerResult:
+    """Encode the shards of `assignment`; `emit` receives each checkpoint and each finished shard, in order."""
+    import torch
+
+    from .encoder import SpladeEncoder
+    from .models import load_model
+
+    options = job.options
+    ready_at = 0.0
+    if device.startswith("cuda"):
+        torch.cuda.set_device(device)  # Triton launches on the current device, not the tensors'
+    else:
+        _reuse_freed_memory()
+    model = load_model(job.model, device=device, dtype=getattr(torch, job.dtype))
+    check_vocab(model.vocab)
+    loaded_at = time.time()
+    encoder = SpladeEncoder(model, max_tokens=options.max_tokens, backend=options.backend)
+    reader = job.reader()
+    resume_at = {k: chunks[-1].end for k, chunks in assignment.chunks.items() if chunks}
+
+    def tokenized() -> Iterator[tuple[Piece, list[str] | None, Tokens | None, _Stats]]:
+        for piece in pieces(reader, options.shard_docs):
+            if not assignment.mine(piece.shard):  # another worker's, or published: read (to count) only
+                continue
+            checkpointed = resume_at.get(piece.shard, 0)
+            if piece.end <= checkpointed:
+                if piece.last:
+                    yield piece, None, None, _Stats()
+                continue
+            if piece.start < checkpointed:
+                raise LsrIndexError(f"shard {piece.shard}'s checkpoint ends inside a batch (document "
+                                    f"{checkpointed}): the input changed during the run? Rerun to re-verify it")
+            ids, texts = piece.rows.column("id").to_pylist(), piece.rows.column("text").to_pylist()
+            tokens = encoder.tokenize(texts, options.doc_max_length)
+            yield piece, ids, tokens, _piece_stats(encoder, job, piece.start, ids, texts, tokens)
+
+    cores = max(1, (os.cpu_count() or 1) // (2 * assignment.workers))
+    sink = _ShardSink(out, job, np.array(model.vocab, dtype=object), emit,
+                      serializers=min(8, cores) if device.startswith("cuda") else 0, assignment=assignment)
+    try:
+        for piece, ids, token_ids, stats in prefetch(tokenized()):
+            ready_at = ready_at or time.time()
+            vectors = None
+            if ids is not None:
+                parts = []
+                for pos, part in encoder.encode_ids(token_ids, then=lambda w: quantize(w, options.quantization)):
+                    parts.append((pos, part))
+                    progress(len(pos), int(token_ids.lengths[pos].sum()))
+                vectors = SparseVectors.stack(parts, len(ids))
+            sink.put(piece, ids, vectors, stats)
+    except BaseException:
+        sink.close(wait=False)
+        raise
+    sink.close()
+    skipped = [{"file": s.path, "line": s.where, "id": s.doc_id, "reason": s.reason} for s in reader.skipped]
+    return WorkerResult(total_docs=reader.n_docs, tokens=encoder.n_tokens, skipped=skipped,
+                        worker=assignment.worker, device=device, docs=encoder.n_docs, loaded_at=loaded_at,
+                        ready_at=ready_at or time.time(), done_at=time.time())
+
+
+def _reuse_freed_memory() -> None:
+    """On CPU the LM head allocates and frees a [tokens, vocabulary chunk] block of up to 256 MB per chunk. glibc
+    serves blocks past 32 MB with mmap and unmaps them on free, so each chunk faulted in ~65,000 fresh zeroed pages:
+    a quarter to a third of CPU encode time was system time (SciFact, 300 documents on 2 cores: 2.5 M minor faults,
+    7.5 s system of 30 s). Serving large blocks from the heap and keeping it across frees reuses those pages
+    (1.07 M faults, 3.8 s system, the same user time and bytes; set at process start through MALLOC_MMAP_MAX_=0 the
+    same tuning gave 0.41 M and 2.0 s). Smaller chunks would avoid mmap too, but doubled user time."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        return
+    mallopt(-4, 0)  # M_MMAP_MAX: no block served by mmap
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap instead of returning it at once
+
+
+def _piece_stats(encoder: SpladeEncoder, job: EncodeJob, start: int, ids: list[str], texts: list[str],
+                 tokens: Tokens) -> _Stats:
+    """The piece's input digest and truncation counts. A text came back at exactly doc_max_length tokens if and
+    only if it may have been cut: only those are tokenized again, untruncated, to learn their real length."""
+    limit = job.options.doc_max_length
+    lengths = tokens.lengths
+    at_limit = np.flatnonzero(lengths >= limit)
+    longest = int(lengths.max()) if len(lengths) else 0
+    truncated = 0
+    if len(at_limit):
+        # a character gives at most 4 tokens (byte-level BPE on a 4-byte UTF-8 character), plus special tokens
+        full = encoder.tokenize([texts[i] for i in at_limit], 4 * job.max_chars + 16).lengths
+        truncated = int((full > limit).sum())
+        longest = max(longest, int(full.max()))
+    capped = sum(len(t) >= job.max_chars for t in texts)
+    return _Stats(input_digest(start, ids, texts), truncated, longest, capped)

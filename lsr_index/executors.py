@@ -1,0 +1,74 @@
+"""Executors only schedule: each runs the one encode task (encode_shard.encode_shards) on its devices and hands
+every event back to the planner, which alone writes the manifest."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from .encode_job import EncodeJob
+from .encode_shard import Assignment, WorkerResult, encode_shards
+from .errors import LsrIndexError
+from .manifest import Part
+
+
+def run_in_process(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
+                   on_part: Callable[[Part], None], on_progress: Callable[[int, int], None]) -> list[WorkerResult]:
+    return [encode_shards(job, out, devices[0], assignment, on_part, on_progress)]
+
+
+def _worker_main(job, out, device, assignment, messages) -> None:
+    """Process entry point: everything goes back to the parent as messages."""
+    parent = mp.parent_process()  # a worker must not outlive its parent and write beside a rerun
+    # the Rust tokenizer's thread pool takes every core by default: W workers would oversubscribe them W times
+    os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // assignment.workers)))
+    threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
+    try:
+        result = encode_shards(job, out, device, assignment, emit=lambda part: messages.put(("part", part)),
+                               progress=lambda docs, tokens: messages.put(("progress", (docs, tokens))))
+        messages.put(("done", result))
+    except LsrIndexError as exc:
+        messages.put(("error", str(exc)))
+    except BaseException as exc:
+        messages.put(("error", f"worker on {device} failed: {type(exc).__name__}: {exc}"))
+
+
+def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
+                      on_part: Callable[[Part], None], on_progress: Callable[[int, int], None],
+                      on_idle: Callable[[], None]) -> list[WorkerResult]:
+    """One process per device; worker w encodes shards k ≡ w (mod W)."""
+    context = mp.get_context("spawn")  # CUDA cannot be forked
+    messages = context.Queue()
+    # not daemonic: a worker starts its own serializer pool; the finally below ends them on any failure
+    procs = [context.Process(target=_worker_main, args=(job, out, d, a, messages))
+             for d, a in zip(devices, assignment.split(len(devices)))]
+    for p in procs:
+        p.start()
+    results: list[WorkerResult] = []
+    try:
+        while len(results) < len(procs):
+            if any(p.exitcode not in (None, 0) for p in procs):
+                raise LsrIndexError("an encoding worker died; rerun the same command to resume")
+            try:
+                kind, body = messages.get(timeout=1.0)
+            except queue.Empty:
+                on_idle()
+                continue
+            if kind == "part":
+                on_part(body)
+            elif kind == "progress":
+                on_progress(*body)
+            elif kind == "done":
+                results.append(body)
+            else:
+                raise LsrIndexError(body)
+    finally:
+        for p in procs:
+            if p.is_alive() and len(results) < len(procs):
+                p.terminate()
+            p.join()
+    return sorted(results, key=lambda r: r.worker)

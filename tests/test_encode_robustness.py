@@ -1,0 +1,318 @@
+"""Encode stage: ownership of what it deletes and writes, validated settings, O(1) manifest updates per shard,
+resuming after a fixed or changed input, checkpoints inside a shard, truncation reported (issues 12, 18)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from lsr_index import encode_corpus as encode_module
+from lsr_index.corpus import CorpusReader
+from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+from lsr_index.encode_job import input_digest
+from lsr_index.errors import LsrIndexError
+from lsr_index.manifest import Manifest
+from lsr_index.quantize import Quantization
+from lsr_index.writers import read_shard
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def encode(source: Path, out: Path, **options) -> Manifest:
+    options = {"doc_max_length": 32, "shard_docs": 64, "progress": False, "output_format": "jsonl", **options}
+    return encode_corpus(EncodeJob(inputs=(str(source),), options=EncodeOptions(**options)), out)
+
+
+def vectors_of(directory: Path) -> list:
+    return [r for s in Manifest.load(directory).shards for r in read_shard(directory / s.file)]
+
+
+def sample_lines(n: int | None = None) -> list[str]:
+    return SAMPLE.read_text().splitlines()[:n]
+
+
+# --- class 1: a command deletes and writes only what it owns ------------------------------------------
+
+def test_a_symlinked_shards_directory_is_refused_and_its_target_untouched(tmp_path):
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "part-00000.jsonl").write_text("precious\n")
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "manifest.json").write_text("{damaged")
+    (out / "shards").symlink_to(victim)
+    with pytest.raises(LsrIndexError, match="symbolic link"):
+        encode(SAMPLE, out, overwrite=True)
+    assert sorted(p.name for p in victim.iterdir()) == ["part-00000.jsonl"]
+    assert (victim / "part-00000.jsonl").read_text() == "precious\n"
+
+
+def test_a_symlinked_manifest_is_refused(tmp_path):
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text("{}")
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "manifest.json").symlink_to(elsewhere)
+    with pytest.raises(LsrIndexError, match="symbolic link"):
+        encode(SAMPLE, out, overwrite=True)
+    assert elsewhere.read_text() == "{}"
+
+
+def test_overwrite_never_deletes_or_writes_among_the_inputs(tmp_path):
+    corpus_dir = tmp_path / "corpus_dir"
+    (corpus_dir / "shards").mkdir(parents=True)
+    inside = corpus_dir / "shards" / "part-00000.jsonl"  # an input with a shard's name, where shards go
+    inside.write_text("\n".join(sample_lines(30)) + "\n")
+    (corpus_dir / "manifest.json").write_text("{damaged")
+    with pytest.raises(LsrIndexError, match="inside the output directory"):
+        encode(inside, corpus_dir, overwrite=True)
+    assert inside.read_text().count("\n") == 30
+    plain = corpus_dir / "x.jsonl"
+    plain.write_text("\n".join(sample_lines(30)) + "\n")
+    cli = subprocess.run([sys.executable, "-m", "lsr_index", "--quiet", "encode", str(plain), "-o", str(corpus_dir),
+                          "--overwrite"], capture_output=True, text=True)
+    assert cli.returncode == 1 and "inside the output directory" in cli.stderr and "Traceback" not in cli.stderr
+    assert plain.read_text().count("\n") == 30 and inside.read_text().count("\n") == 30
+
+
+def test_overwrite_does_not_write_into_a_foreign_directory(tmp_path):
+    out = tmp_path / "mine"
+    (out / "shards").mkdir(parents=True)
+    (out / "shards" / "part-00000.jsonl").write_text("someone else's\n")
+    with pytest.raises(LsrIndexError, match="not an lsr-index output"):
+        encode(SAMPLE, out, overwrite=True)
+    assert (out / "shards" / "part-00000.jsonl").read_text() == "someone else's\n"
+    assert not (out / "manifest.json").exists()
+
+
+# --- class 6: every setting validated where it is built, whatever its source ---------------------------
+
+@pytest.mark.parametrize("options", [{"shard_docs": 0}, {"doc_max_length": "64"}, {"doc_max_length": 1},
+                                     {"query_max_length": 9000}, {"max_tokens": 8}, {"output_format": "csv"},
+                                     {"backend": "cuda"}, {"checkpoint_seconds": -1}, {"shard_docs": True}])
+def test_encode_options_refuse_bad_values(options):
+    with pytest.raises(LsrIndexError, match=next(iter(options))):
+        EncodeOptions(**options)
+
+
+@pytest.mark.parametrize("values", [{"scale": -100}, {"scale": 0}, {"scale": math.nan}, {"scale": math.inf},
+                                    {"top_k": -1}, {"top_k": 0}, {"top_k": 2.5}, {"min_weight": -0.1},
+                                    {"min_weight": math.nan}])
+def test_quantization_refuses_bad_values(values):
+    with pytest.raises(LsrIndexError, match=next(iter(values))):
+        Quantization(**values)
+
+
+def test_a_preset_with_zero_shard_docs_is_one_clear_line(tmp_path):
+    preset = tmp_path / "p.toml"
+    preset.write_text("shard_docs = 0\n")
+    run = subprocess.run([sys.executable, "-m", "lsr_index", "--quiet", "encode", str(SAMPLE), "-o",
+                          str(tmp_path / "v"), "--preset", str(preset)], capture_output=True, text=True)
+    assert run.returncode == 1 and "shard_docs must be an integer ≥ 1" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def _manifest_body(**changes) -> dict:
+    body = {"kind": "lsr-index/vectors", "version": 2, "model": {"name": "m", "sha256": "0" * 64},
+            "encoder": {"doc_max_length": 32, "query_max_length": 16, "dtype": "float32", "backend": "auto"},
+            "quantization": {"scale": 100.0, "top_k": None, "min_weight": 0.0}, "input": {},
+            "output_format": "jsonl", "shard_docs": 10, "shards": []}
+    for key, value in changes.items():
+        section, _, field = key.partition("__")
+        if field:
+            body[section] = {**body[section], field: value}
+        else:
+            body[section] = value
+    return body
+
+
+@pytest.mark.parametrize("changes", [{"quantization__scale": -100}, {"quantization__top_k": -1},
+                                     {"quantization__scale": "100"}, {"encoder__doc_max_length": "64"},
+                                     {"encoder__query_max_length": 0}, {"shard_docs": 0}, {"output_format": "csv"},
+                                     {"encoder__dtype": "int8"}, {"quantization__extra": 1}])
+def test_a_hostile_manifest_cannot_pass(changes):
+    Manifest.from_dict(_manifest_body(), "m.json")  # the unchanged body is valid
+    with pytest.raises(LsrIndexError, match="malformed manifest"):
+        Manifest.from_dict(_manifest_body(**changes), "m.json")
+
+
+def test_an_older_manifest_says_what_to_do():
+    with pytest.raises(LsrIndexError, match=r"format version 1.*--overwrite"):
+        Manifest.from_dict(_manifest_body(version=1), "m.json")
+
+
+# --- class 7: publishing is O(1) per shard; the advised fix after a bad record works --------------------
+
+def test_one_document_shards_do_not_rewrite_the_manifest_per_shard(tmp_path, monkeypatch):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(sample_lines(300)) + "\n")
+    saves = []
+    real_save = Manifest.save
+    monkeypatch.setattr(Manifest, "save", lambda self, d: (saves.append(time.monotonic()), real_save(self, d)))
+    t0 = time.monotonic()
+    manifest = encode(corpus, tmp_path / "v", shard_docs=1, doc_max_length=16)
+    assert len(manifest.shards) == 300 and manifest.complete
+    # a save at the start and the end, and at most one a second in between (not one per shard)
+    assert len(saves) <= 3 + (time.monotonic() - t0) / encode_module.SAVE_EVERY, len(saves)
+
+
+def test_fixing_a_bad_record_keeps_the_shards_before_it_and_a_changed_one_is_reencoded(tmp_path):
+    lines = sample_lines()
+    corpus = tmp_path / "c.jsonl"
+    broken = list(lines)
+    broken[299] = '{"id": "broken"}'
+    corpus.write_text("\n".join(broken) + "\n")
+    with pytest.raises(LsrIndexError, match=r"c\.jsonl:300"):
+        encode(corpus, tmp_path / "v", max_tokens=4096)
+    kept = Manifest.load(tmp_path / "v")
+    assert kept.docs == 256  # the first batch (max_tokens / 16 = 256 documents): shards 0..3
+    fixed = list(lines)
+    record = json.loads(fixed[10])
+    record["text"] = "an edited document in the first shard"
+    fixed[10] = json.dumps(record)
+    corpus.write_text("\n".join(fixed) + "\n")
+    done = encode(corpus, tmp_path / "v", max_tokens=4096)
+    assert done.complete and done.docs == 400
+    # shard 0 (documents 0..63) changed and is encoded again, shards 1..3 are kept, 4..6 are new
+    assert done.stats["stale_parts_reencoded"] == 1 and done.stats["docs_this_run"] == 64 + 144
+    reader = CorpusReader([str(corpus)], batch_size=1000, max_chars=32 * 100)
+    batch = next(iter(reader))
+    ids, texts = batch.column("id").to_pylist(), batch.column("text").to_pylist()
+    assert all(int(s.input, 16) == input_digest(s.start, ids[s.start:s.end], texts[s.start:s.end])
+               for s in done.shards)
+
+
+# --- issue 18: truncation reported; text past what the tokenizer keeps is not held whole ---------------
+
+def test_truncated_documents_are_counted_and_the_longest_measured(tmp_path, splade_tiny):
+    records = [json.loads(line) for line in sample_lines(40)]
+    records.append({"id": "huge", "text": "word " * 20_000})  # 100,000 characters, cut at 64 × 100
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
+    manifest = encode(corpus, tmp_path / "v", doc_max_length=64, shard_docs=16)
+    tokenizer = splade_tiny.tokenizer
+    lengths = [len(tokenizer(r["text"][:64 * 100])["input_ids"]) for r in records]
+    assert manifest.truncation == {"documents": sum(n > 64 for n in lengths),
+                                   "share": round(sum(n > 64 for n in lengths) / len(records), 6),
+                                   "longest_tokens": max(lengths), "cut_at_characters": 1}
+    assert json.loads((tmp_path / "v" / "manifest.json").read_text())["truncation"] == manifest.truncation
+
+
+# --- issue 18: a checkpoint inside a shard; a kill loses at most the piece in progress ------------------
+
+DRIVER = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    options = EncodeOptions(doc_max_length=32, output_format=sys.argv[3], checkpoint_seconds=float(sys.argv[4]),
+                            max_tokens=4096, progress=False)
+    m = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]))
+    print(m.stats["docs_this_run"], m.stats["resumed_at"])
+""")
+
+
+def _run(corpus: Path, out: Path, fmt: str, checkpoint: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", DRIVER, str(corpus), str(out), fmt, str(checkpoint)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _chunks_recorded(out: Path) -> int:
+    try:
+        return len(json.loads((out / "manifest.json").read_text())["chunks"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("fmt", "sig"), [("jsonl.gz", signal.SIGKILL), ("parquet", signal.SIGINT)])
+def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(tmp_path, fmt, sig):
+    lines = sample_lines()
+    corpus = tmp_path / "c.jsonl"  # 800 documents: one shard (default shard_docs), four pieces of 256
+    corpus.write_text("".join(line + "\n" for line in lines) + "".join(
+        json.dumps({**json.loads(line), "id": "copy-" + json.loads(line)["id"]}) + "\n" for line in lines))
+    whole = _run(corpus, tmp_path / "whole", fmt, 30.0)
+    assert whole.wait() == 0, whole.stderr.read()
+    out = tmp_path / "killed"
+    proc = _run(corpus, out, fmt, 0.0)  # a checkpoint at every piece end
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and _chunks_recorded(out) < 2:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    os.kill(proc.pid, sig)
+    proc.wait()
+    at_kill = Manifest.load(out)
+    checkpointed = sum(c.docs for c in at_kill.chunks)
+    assert not at_kill.shards and checkpointed >= 512
+    rerun = _run(corpus, out, fmt, 0.0)
+    assert rerun.wait() == 0, rerun.stderr.read()
+    assert rerun.stdout.read().split() == [str(800 - checkpointed), str(checkpointed)]
+    resumed, reference = Manifest.load(out), Manifest.load(tmp_path / "whole")
+    assert [(s.docs, s.nonzeros, s.input) for s in resumed.shards] == \
+        [(s.docs, s.nonzeros, s.input) for s in reference.shards]
+    assert vectors_of(out) == vectors_of(tmp_path / "whole")
+    if fmt == "jsonl.gz":  # the same gzip members, concatenated: the same bytes
+        assert [s.sha256 for s in resumed.shards] == [s.sha256 for s in reference.shards]
+    assert not resumed.chunks and not [p.name for p in (out / "shards").iterdir() if p.name.startswith(".")]
+
+
+def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path):
+    """On GPU runs pieces are serialized in a process pool; the shard must not change by a byte."""
+    import numpy as np
+    import pyarrow as pa
+
+    from lsr_index.encode_job import Piece
+    from lsr_index.encode_shard import Assignment, _ShardSink, _Stats
+    from lsr_index.quantize import SparseVectors
+
+    rng = np.random.default_rng()
+    vocab = np.array([f"t{i}" for i in range(500)], dtype=object)
+    chunks = []
+    for n in (7, 1, 12):
+        lengths = rng.integers(0, 30, n)
+        indptr = np.concatenate([[0], np.cumsum(lengths)])
+        terms = np.concatenate([np.sort(rng.choice(500, k, replace=False)) for k in lengths]).astype(np.int32)
+        chunks.append(([f"doc {len(chunks)}-{i}" for i in range(n)],
+                       SparseVectors(indptr, terms, rng.integers(1, 300, int(indptr[-1])).astype(np.int32))))
+    shas = []
+    for serializers in (0, 2):
+        out = tmp_path / f"s{serializers}"
+        (out / "shards").mkdir(parents=True)
+        published = []
+        job = EncodeJob(inputs=("unused",), options=EncodeOptions(shard_docs=20, output_format="jsonl.gz"))
+        sink = _ShardSink(out, job, vocab, published.append, serializers=serializers, assignment=Assignment())
+        start = 0
+        for i, (ids, vectors) in enumerate(chunks):
+            rows = pa.record_batch([pa.array(ids)], names=["id"])
+            sink.put(Piece(0, start, rows, last=i == len(chunks) - 1), ids, vectors, _Stats())
+            start += len(ids)
+        sink.close()
+        assert [s.docs for s in published] == [20]
+        shas.append(published[0].sha256)
+        assert [doc for doc, _ in read_shard(out / published[0].file)] == [d for ids, _ in chunks for d in ids]
+    assert shas[0] == shas[1]
+
+
+def test_cpu_encoding_reuses_its_large_blocks_instead_of_faulting_them_in(tmp_path):
+    """The CPU head frees and reallocates a block of up to 256 MB per vocabulary chunk: served by mmap, every chunk
+    faulted in fresh pages (a third of CPU encode time was system time). A second encode in the same process, once
+    the blocks exist, must fault in well under one page per token (mmap'd blocks cost about 30)."""
+    import resource
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("\n".join(sample_lines(128)) + "\n")
+    encode(corpus, tmp_path / "first", doc_max_length=128, shard_docs=128)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    manifest = encode(corpus, tmp_path / "second", doc_max_length=128, shard_docs=128)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    tokens = manifest.stats["tokens_per_second"] * manifest.stats["seconds"]
+    assert faults < tokens / 2, (faults, tokens)
