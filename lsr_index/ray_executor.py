@@ -20,7 +20,6 @@ import dataclasses
 import os
 import re
 import shutil
-import socket
 import sys
 import time
 import uuid
@@ -154,15 +153,12 @@ def check_address(address: str) -> str | None:
 class EncoderActor:
     """One encoder on one device of one node. Failures come back as one line naming the node and the shard."""
 
-    def __init__(self, job: EncodeJob, device: str, threads: int):
+    def __init__(self, job: EncodeJob, device: str, threads: int, node: str):
         os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's pool, before its first use
-        import ray
         import torch
 
         torch.set_num_threads(threads)
-        self.node = f"node {ray.util.get_node_ip_address()} ({socket.gethostname()}, " \
-                    f"{ray.get_runtime_context().get_node_id()[:8]})"
-        self.device, self.error, self.task = device, None, None
+        self.node, self.device, self.error, self.task = node, device, None, None
         try:
             self.task = ShardTask(job, device)
         except Exception as exc:  # raised by ready(), where the driver waits for it
@@ -172,7 +168,7 @@ class EncoderActor:
     def ready(self) -> dict:
         if self.error:
             raise LsrIndexError(self.error)
-        return {"node": self.node, "device": self.device, "loaded_at": self.loaded_at}
+        return {"loaded_at": self.loaded_at}
 
     def encode(self, shard: int, pieces: list[pa.RecordBatch], directory: str, root: str) -> dict:
         began = time.time()
@@ -196,7 +192,7 @@ class _Encoder:
     handle: Any
     device: str
     node_id: str
-    node: str = ""  # filled in by ready()
+    name: str  # the node, as messages name it
     ready: bool = False
     inflight: list = field(default_factory=list)  # ObjectRefs of encode(), in execution order
     lost: bool = False
@@ -205,10 +201,6 @@ class _Encoder:
     loaded_at: float = 0.0
     began: float = 0.0
     ended: float = 0.0
-
-    @property
-    def name(self) -> str:
-        return self.node or f"node {self.node_id[:8]}"
 
 
 @dataclass
@@ -238,13 +230,16 @@ class RayCluster:
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise LsrIndexError(f"--ray {address or '(local)'}: cannot connect to the Ray cluster: {exc}") from None
         self.plan: list[tuple[str, str, int, dict]] = []  # (node id, device, threads, resources per actor)
+        self.names: dict[str, str] = {}  # node id → how messages name it
         nodes = [n for n in ray.nodes() if n["Alive"]]
         gpus = any(n["Resources"].get("GPU", 0) >= 1 for n in nodes)
         for node in nodes:
+            self.names[node["NodeID"]] = f"node {node['NodeManagerAddress']} ({node['NodeManagerHostname']}, " \
+                                         f"{node['NodeID'][:8]})"
             cpus, node_gpus = int(node["Resources"].get("CPU", 0)), int(node["Resources"].get("GPU", 0))
             if gpus:
-                for i in range(node_gpus):
-                    self.plan.append((node["NodeID"], f"cuda:{i}", max(1, cpus // node_gpus), {"num_gpus": 1}))
+                for _ in range(node_gpus):  # Ray shows each GPU actor only its own GPU, as cuda:0
+                    self.plan.append((node["NodeID"], "cuda:0", max(1, cpus // node_gpus), {"num_gpus": 1}))
             elif cpus:
                 for _ in range(max(1, cpus // cpus_per_actor)):
                     share = min(cpus, cpus_per_actor)
@@ -253,7 +248,6 @@ class RayCluster:
             ray.shutdown()
             raise LsrIndexError(f"--ray {address or '(local)'}: the cluster has no GPU and no CPU to encode on")
         self.devices = ("cuda",) if gpus else ("cpu",)
-        self.nodes = len({node for node, *_ in self.plan})
 
     def encode(self, job: EncodeJob, out: Path) -> Manifest:
         """Encode `job` into `out` (shared by every node), resuming whatever an earlier run left."""
@@ -282,8 +276,8 @@ class _Run:
         actor = self.ray.remote(max_restarts=0, max_task_retries=0)(EncoderActor)
         for node_id, device, threads, resources in cluster.plan:
             handle = actor.options(**resources, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-                                   ).remote(job, device, threads)
-            encoder = _Encoder(handle, device, node_id)
+                                   ).remote(job, device, threads, cluster.names[node_id])
+            encoder = _Encoder(handle, device, node_id, cluster.names[node_id])
             self.encoders.append(encoder)
             self.starting[handle.ready.remote()] = encoder
 
@@ -361,7 +355,7 @@ class _Run:
         except self.ray.exceptions.RayActorError as exc:
             self._lost(encoder, exc)
             return
-        encoder.ready, encoder.node, encoder.loaded_at = True, info["node"], info["loaded_at"]
+        encoder.ready, encoder.loaded_at = True, info["loaded_at"]
 
     def _finished(self, ref: Any) -> None:
         attempt = self.inflight[ref]

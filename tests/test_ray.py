@@ -191,3 +191,21 @@ def test_a_killed_driver_resumes(cluster, corpus, reference, tmp_path):
     assert again.returncode == 0, again.stderr
     stats = _same_output(out, reference)
     assert stats["resumed_at"] >= 10 and stats["docs_this_run"] == 60 - stats["resumed_at"]
+
+
+@pytest.mark.slow
+def test_a_remote_failure_is_one_line_naming_the_node(cluster, corpus, tmp_path):
+    """A node whose model cache is unusable (a file where the directory should be): the run stops, saying where."""
+    (tmp_path / "cache").write_text("not a directory")
+    broken = cluster.add_node(**NODE, env_vars={"LSR_INDEX_CACHE": str(tmp_path / "cache")})
+    cluster.wait_for_nodes()
+    try:
+        done = subprocess.run(lsr(str(corpus), "-o", str(tmp_path / "v"), *SETTINGS, "--ray", cluster.address,
+                                  "--ray-cpus", "1"), capture_output=True, text=True, timeout=480)
+    finally:
+        cluster.remove_node(broken, allow_graceful=False)
+    assert done.returncode == 1
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: node 127.0.0.1 (") and "cannot start an encoder on cpu" in done.stderr
+    assert "NotADirectoryError" in done.stderr and str(tmp_path / "cache") in done.stderr
+    assert not list((tmp_path / "v" / "shards").glob(".attempt-*"))
