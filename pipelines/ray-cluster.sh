@@ -11,8 +11,8 @@
 #                                                         # on the head: → /shared/lsr-out/vectors (shards, manifest)
 #   pipelines/ray-cluster.sh build /shared/lsr-out        # on one machine: → /shared/lsr-out/index
 #   pipelines/ray-cluster.sh stop                         # on every node: stops Ray there
-#   pipelines/ray-cluster.sh demo [WORKDIR]               # here: a head and two one-CPU worker nodes on 127.0.0.1
-#                                                         # encode the sample (→ WORKDIR/vectors), then stop
+#   pipelines/ray-cluster.sh demo [WORKDIR]               # here: a local Ray on 127.0.0.1 encodes the sample
+#                                                         # (→ WORKDIR/vectors, default lsr-out/ray-demo)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$([ -x .venv/bin/lsr-index ] && echo .venv/bin/ || true)
@@ -39,22 +39,11 @@ case "${1:-}" in
   stop)
     $RAY stop ;;
   demo)
+    # a one-node Ray that the driver starts and stops, on 127.0.0.1 (a `ray start` worker would bind this host's
+    # outward address), with an encoder per core; tests/test_ray.py runs the multi-node case on one machine
     work=${2:-lsr-out/ray-demo}
-    temp=$(mktemp -d /tmp/lsr-ray.XXXX)  # this demo's own Ray: stopped below by its processes' ids only
-    stop_demo() {  # every process that names or holds a file of $temp (Ray's daemons ignore SIGTERM)
-      for proc in /proc/[0-9]*; do
-        if grep -qsF "$temp" "$proc/cmdline" || ls -l "$proc/fd" 2>/dev/null | grep -qF "$temp"; then
-          kill -9 "${proc#/proc/}" 2>/dev/null || true
-        fi
-      done
-    }
-    trap stop_demo EXIT
-    local=(--node-ip-address 127.0.0.1 --temp-dir "$temp" --object-store-memory 100000000)
-    $RAY start --head --port "$PORT" --num-cpus 0 --include-dashboard false "${local[@]}" >/dev/null
-    export RAY_AUTH_MODE=token  # the head's token, in ~/.ray/auth_token
-    for _ in 1 2; do $RAY start --address "127.0.0.1:$PORT" --num-cpus 1 "${local[@]}" >/dev/null; done
-    $LSR --workdir "$work" encode data/sample/corpus.jsonl --preset splade-tiny --shard-docs 50 --overwrite \
-      --ray "127.0.0.1:$PORT" --ray-cpus 1
+    RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 $LSR --workdir "$work" encode data/sample/corpus.jsonl --preset splade-tiny \
+      --shard-docs 50 --overwrite --ray local --ray-cpus 1
     echo "vectors: $work/vectors" ;;
   *)
     sed -n '2,16p' "$0" >&2
