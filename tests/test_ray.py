@@ -28,19 +28,26 @@ def lsr(*args: str) -> list[str]:
     return [sys.executable, "-m", "lsr_index", "--quiet", "encode", *args]
 
 
+def _corpus(directory: Path, docs: int) -> Path:
+    path = directory / "corpus.jsonl"
+    path.write_text("".join(SAMPLE.read_text().splitlines(keepends=True)[:docs]))
+    return path
+
+
+def _reference(corpus: Path, out: Path, *settings: str) -> Path:
+    """The single-machine output of the same command."""
+    subprocess.run(lsr(str(corpus), "-o", str(out), "--device", "cpu", *settings), check=True)
+    return out
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("corpus") / "corpus.jsonl"
-    path.write_text("".join(SAMPLE.read_text().splitlines(keepends=True)[:60]))
-    return path
+    return _corpus(tmp_path_factory.mktemp("corpus"), 60)
 
 
 @pytest.fixture(scope="module")
 def reference(corpus, tmp_path_factory) -> Path:
-    """The single-machine output of the same command."""
-    out = tmp_path_factory.mktemp("ref") / "v"
-    subprocess.run(lsr(str(corpus), "-o", str(out), "--device", "cpu", *SETTINGS), check=True)
-    return out
+    return _reference(corpus, tmp_path_factory.mktemp("ref") / "v", *SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -92,18 +99,19 @@ def _encoders(node) -> list[int]:
     return pids
 
 
-def _wait_encoding(node, proc: subprocess.Popen, timeout: float = 240) -> int:
-    """The pid of an encoder of `node` that is inside encode() (Ray titles the process after the running method)."""
+def _wait_encoding(nodes, proc: subprocess.Popen, timeout: float = 240):
+    """(node, pid) of the first encoder seen inside encode() (Ray titles the process after the running method)."""
     deadline = time.time() + timeout
     while time.time() < deadline and proc.poll() is None:
-        for pid in _encoders(node):
-            try:
-                if b"encode" in (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"EncoderActor", b""):
-                    return pid
-            except OSError:
-                continue
-        time.sleep(0.05)
-    raise AssertionError("no encoder of the node started encoding")
+        for node in nodes:
+            for pid in _encoders(node):
+                try:
+                    if b"encode" in (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"EncoderActor", b""):
+                        return node, pid
+                except OSError:
+                    continue
+        time.sleep(0.02)
+    raise AssertionError("no encoder was seen encoding")
 
 
 def _run(cmd: list[str]) -> subprocess.Popen:
@@ -131,14 +139,18 @@ def test_an_input_path_taken_for_the_address_is_refused(corpus, tmp_path):
 
 
 @pytest.mark.slow
-def test_cluster_output_equals_one_machine(cluster, corpus, reference, tmp_path):
+def test_cluster_output_equals_one_machine(cluster, tmp_path):
+    """Both nodes encode: enough shards (16) that a node whose encoder starts later still gets some."""
+    corpus = _corpus(tmp_path, 160)
+    settings = ["--shard-docs", "10", "--doc-max-length", "64"]
+    reference = _reference(corpus, tmp_path / "ref", *settings)
     out = tmp_path / "v"
-    proc = _run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"))
+    proc = _run(lsr(str(corpus), "-o", str(out), *settings, "--ray", cluster.address, "--ray-cpus", "1"))
     _, err = proc.communicate(timeout=480)
     assert proc.returncode == 0, err
     stats = _same_output(out, reference)
     assert len(stats["per_node"]) == 2 and all(node["docs"] > 0 for node in stats["per_node"]), stats["per_node"]
-    assert sum(node["docs"] for node in stats["per_node"]) == 60
+    assert sum(node["docs"] for node in stats["per_node"]) == 160
 
 
 @pytest.mark.slow
@@ -146,7 +158,7 @@ def test_a_killed_encoder_process_loses_nothing(cluster, corpus, reference, tmp_
     out = tmp_path / "v"
     proc = _run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"))
     try:
-        os.kill(_wait_encoding(cluster.worker_nodes.copy().pop(), proc), signal.SIGKILL)
+        os.kill(_wait_encoding(list(cluster.worker_nodes), proc)[1], signal.SIGKILL)
         _, err = proc.communicate(timeout=480)
     finally:
         proc.kill()
@@ -157,18 +169,20 @@ def test_a_killed_encoder_process_loses_nothing(cluster, corpus, reference, tmp_
 
 @pytest.mark.slow
 def test_a_killed_node_loses_nothing(cluster, corpus, reference, tmp_path):
-    """SIGKILL a third node's raylet while its encoder is inside a shard: the shard runs elsewhere."""
-    doomed = cluster.add_node(**NODE)
+    """SIGKILL the raylet of a node whose encoder is inside a shard: the shard runs elsewhere. A third node joins
+    first, so that two stay for the other tests."""
+    cluster.add_node(**NODE)
     cluster.wait_for_nodes()
     out = tmp_path / "v"
     proc = _run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"))
+    doomed = None
     try:
-        _wait_encoding(doomed, proc)
+        doomed, _ = _wait_encoding(list(cluster.worker_nodes), proc)
         os.kill(doomed.all_processes["raylet"][0].process.pid, signal.SIGKILL)
         _, err = proc.communicate(timeout=480)
     finally:
         proc.kill()
-        cluster.remove_node(doomed, allow_graceful=False)
+        cluster.remove_node(doomed or cluster.worker_nodes.copy().pop(), allow_graceful=False)
     assert proc.returncode == 0, err
     assert "holding shard" in err, err
     stats = _same_output(out, reference)
