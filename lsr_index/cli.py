@@ -123,6 +123,11 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
 @click.option("--backend", type=click.Choice(["auto", "triton", "torch"]), default="auto",
               help="LM-head implementation: the fused Triton kernel on GPU, chunked PyTorch on CPU.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing complete output.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="", metavar="[ADDRESS]",
+              help="Encode on a Ray cluster (auto, ray://host:port or host:port; alone: the local one, else a new "
+              "one): an encoder per GPU of every node; the output directory must be shared by all nodes.")
+@click.option("--ray-cpus", type=click.IntRange(1), default=4, help="With --ray on a cluster without GPUs: cores per "
+              "encoder.")
 @click.pass_context
 @friendly_errors
 def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, preset: str | None,
@@ -137,7 +142,12 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
 
     chosen = load_preset(preset) if preset else {}
     value = lambda key: options[key] if options.get(key) is not None else chosen.get(key, DEFAULTS[key])
-    devices = _devices(options["device"])
+    cluster = None
+    if options["ray_address"] is not None:  # the cluster's devices replace --device
+        from .ray_executor import RayCluster
+
+        cluster = RayCluster(options["ray_address"], options["ray_cpus"])
+    devices = cluster.devices if cluster else _devices(options["device"])
     gpu = devices[0].startswith("cuda")
     out = output or ctx.obj["workdir"] / "vectors"
     max_tokens = value("max_tokens") or (131072 if gpu else 16384)
@@ -150,7 +160,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
             max_tokens=max_tokens, shard_docs=value("shard_docs"), output_format=value("output_format"),
             quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
             backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"]))
-    manifest = encode_corpus(job, out, devices)
+    manifest = cluster.encode(job, out) if cluster else encode_corpus(job, out, devices)
     stats = manifest.stats
     click.echo(f"encoded {manifest.docs:,} documents into {len(manifest.shards)} shard(s) in {out} "
                f"({stats['docs_per_second']:,.1f} docs/s, {stats['tokens_per_second']:,.0f} tokens/s, "

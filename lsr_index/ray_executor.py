@@ -1,0 +1,440 @@
+"""The encode stage on a Ray cluster: the driver reads and plans, one encoder actor per GPU (or per N cores) encodes.
+
+- Reading is cheap next to encoding, so the driver reads the corpus once, in stream order (so documents are numbered
+  exactly as on one machine, skipped records included), and ships each pending shard's (id, text) Arrow batches
+  through the object store, cut where one machine cuts them: every forward pass holds the same documents, so the
+  vectors are the same bytes. Actors never open the inputs; only the output directory must be on a file system
+  that every node mounts at the same path.
+- Exactly once: each dispatch of a shard (an attempt) writes into its own directory shards/.attempt-…, which the
+  driver creates. The driver alone moves the first finished attempt to the shard's final name and records it in
+  the manifest; every other attempt's directory is deleted, and an attempt whose actor died is deleted at once, so
+  a late writer finds no directory to write or rename into. Ray's own retries are off: the manifest decides.
+- A lost actor (its process or its node killed) is dropped and its shards go back to the queue; a shard that takes
+  down MAX_LOSSES actors stops the run. Any other remote failure stops it as one line naming the node and shard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import re
+import shutil
+import sys
+import time
+import uuid
+from collections import defaultdict, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .corpus import CorpusReader
+from .encode_corpus import SHARDS, EncodeJob, WorkerResult, prefetch
+from .errors import LsrIndexError
+from .manifest import Manifest, Shard, exclusive_lock, fsync_directory
+
+INSTALL = "pip install 'lsr-index[ray]'"
+ATTEMPT = ".attempt-"  # shards/.attempt-<shard>-<token>/: one dispatch's private output
+QUEUED_PER_ACTOR = 2  # one encoding, one whose documents are already on their way
+READ_AHEAD = 4  # shards read and cut ahead of dispatch (the driver's memory: ~(2·actors + 4) shards of text)
+MAX_LOSSES = 3  # actors a shard may take down before it is blamed (a document that exhausts memory)
+_ADDRESS = re.compile(r"^(auto|local|ray://\S+|[\w.\-]+:\d+|\[[0-9a-fA-F:]+\]:\d+)$")
+
+
+# --- adapter onto today's encode_corpus.py; the encode split's planner and shard task replace this section ---
+
+
+def shard_name(shard: int, fmt: str) -> str:
+    return f"part-{shard:05d}.{fmt}"
+
+
+def open_job(job: EncodeJob, out: Path) -> Manifest:
+    """Check the settings, then start, resume or refuse `out` (the caller holds its lock), as one machine does."""
+    from .encode_corpus import _describe_input, _open_output
+    from .models import EMBEDDED, max_length, resolve_model, weights_sha256
+
+    options = job.options
+    model_path = resolve_model(job.model)
+    limit = max_length(model_path)
+    if limit and max(options.doc_max_length, options.query_max_length) > limit:
+        raise LsrIndexError(f"model {job.model} takes at most {limit} tokens; lower --doc-max-length "
+                            f"({options.doc_max_length}) or --query-max-length ({options.query_max_length})")
+    fresh = Manifest(
+        model={"name": job.model if job.model in EMBEDDED else str(model_path.resolve()),
+               "sha256": weights_sha256(model_path)},
+        encoder={"doc_max_length": options.doc_max_length, "query_max_length": options.query_max_length,
+                 "dtype": job.dtype, "backend": options.backend},
+        quantization=options.quantization.to_dict(), input=_describe_input(job), output_format=options.output_format,
+        shard_docs=options.shard_docs)
+    manifest = _open_output(out, fresh, options.overwrite)
+    (out / SHARDS).mkdir(exist_ok=True)
+    for stale in [*(out / SHARDS).glob(".*.tmp"), *out.glob(".manifest.json.*.tmp")]:  # left by a kill
+        stale.unlink()
+    for stale in (out / SHARDS).glob(ATTEMPT + "*"):  # left by a killed driver
+        shutil.rmtree(stale, ignore_errors=True)
+    manifest.complete = False
+    manifest.save(out)
+    return manifest
+
+
+def pending_shards(reader: CorpusReader, shard_docs: int, done: frozenset[int]
+                   ) -> Iterator[tuple[int, list[pa.RecordBatch]]]:
+    """(shard, its batches) for every shard not in `done`: the reader's batches cut at shard edges, as
+    `encode_corpus._encode_shards` cuts them (the same pieces, so the same forward passes)."""
+    position, current, pieces = 0, -1, []
+    for batch in reader:
+        start, position = position, position + batch.num_rows
+        lo = start
+        while lo < position:
+            shard = lo // shard_docs
+            hi = min(position, (shard + 1) * shard_docs)
+            if shard != current:
+                if pieces:
+                    yield current, pieces
+                current, pieces = shard, []
+            if shard not in done:
+                pieces.append(batch.slice(lo - start, hi - lo))
+            lo = hi
+    if pieces:
+        yield current, pieces
+
+
+class ShardTask:
+    """Encode shard k from its documents into a directory, with the model loaded once (per actor)."""
+
+    def __init__(self, job: EncodeJob, device: str):
+        import torch
+
+        from .encoder import SpladeEncoder
+        from .models import load_model
+        from .writers import check_vocab
+
+        if device.startswith("cuda"):
+            torch.cuda.set_device(device)  # Triton launches on the current device, not the tensors'
+        model = load_model(job.model, device=device, dtype=getattr(torch, job.dtype))
+        check_vocab(model.vocab)
+        self.job, self.vocab = job, np.array(model.vocab, dtype=object)
+        self.encoder = SpladeEncoder(model, max_tokens=job.options.max_tokens, backend=job.options.backend)
+
+    def run(self, shard: int, pieces: list[pa.RecordBatch], directory: Path, root: Path) -> Shard:
+        from .quantize import SparseVectors, quantize
+        from .writers import ShardWriter
+
+        options = self.job.options
+        writer = ShardWriter(directory / shard_name(shard, options.output_format), options.output_format, self.vocab)
+        try:
+            for rows in pieces:
+                tokens = self.encoder.tokenize(rows.column("text").to_pylist(), options.doc_max_length)
+                parts = list(self.encoder.encode_ids(tokens, then=lambda w: quantize(w, options.quantization)))
+                writer.add(rows.column("id").to_pylist(), SparseVectors.stack(parts, rows.num_rows))
+            return writer.finish(shard * options.shard_docs, root)
+        except BaseException:
+            writer.abort()
+            raise
+
+
+# --- end of the adapter ---
+
+
+def check_address(address: str) -> str | None:
+    """The --ray value: '' (the flag alone) → None: the local cluster `ray start` left, else a new one."""
+    if not address:
+        return None
+    if not _ADDRESS.match(address):
+        raise LsrIndexError(f"--ray {address!r}: not a Ray address (auto, local, ray://host:port or host:port); "
+                            "an input path? Put --ray after the inputs, or write --ray=ADDRESS")
+    return address
+
+
+class EncoderActor:
+    """One encoder on one device of one node. Failures come back as one line naming the node and the shard."""
+
+    def __init__(self, job: EncodeJob, device: str, threads: int, node: str):
+        os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's pool, before its first use
+        import torch
+
+        torch.set_num_threads(threads)
+        self.node, self.device, self.error, self.task = node, device, None, None
+        try:
+            self.task = ShardTask(job, device)
+        except Exception as exc:  # raised by ready(), where the driver waits for it
+            self.error = f"{self.node}: cannot start an encoder on {device}: {_describe(exc)}"
+        self.loaded_at = time.time()
+
+    def ready(self) -> dict:
+        if self.error:
+            raise LsrIndexError(self.error)
+        return {"loaded_at": self.loaded_at}
+
+    def encode(self, shard: int, pieces: list[pa.RecordBatch], directory: str, root: str) -> dict:
+        began = time.time()
+        if not Path(directory).is_dir():  # the driver made it: this node does not see the output directory
+            raise LsrIndexError(f"{self.node}, shard {shard}: {directory} is not visible here; the output directory "
+                                "must be on a file system every node mounts at the same path")
+        tokens = self.task.encoder.n_tokens
+        try:
+            record = self.task.run(shard, pieces, Path(directory), Path(root))
+        except Exception as exc:
+            raise LsrIndexError(f"{self.node}, shard {shard}: {_describe(exc)}") from None
+        return {"shard": record, "tokens": self.task.encoder.n_tokens - tokens, "began": began, "ended": time.time()}
+
+
+def _describe(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, LsrIndexError) else f"{type(exc).__name__}: {exc}"
+
+
+@dataclass
+class _Encoder:
+    handle: Any
+    device: str
+    node_id: str
+    name: str  # the node, as messages name it
+    ready: bool = False
+    inflight: list = field(default_factory=list)  # ObjectRefs of encode(), in execution order
+    lost: bool = False
+    docs: int = 0
+    tokens: int = 0
+    loaded_at: float = 0.0
+    began: float = 0.0
+    ended: float = 0.0
+
+
+@dataclass
+class _Attempt:
+    shard: int
+    pieces: Any  # ObjectRef of the shard's list of RecordBatches
+    losses: int = 0  # actors lost while encoding it
+    directory: Path | None = None
+    encoder: _Encoder | None = None
+
+
+class RayCluster:
+    """A connection to a Ray cluster and its encoder plan: one actor per GPU, or per `cpus_per_actor` cores
+    on a cluster without GPUs (GPU clusters use only their GPUs: a CPU encoder would hold up the last shards)."""
+
+    def __init__(self, address: str, cpus_per_actor: int = 4):
+        try:
+            import ray
+        except ImportError:
+            raise LsrIndexError(f"--ray needs Ray, which is not installed: {INSTALL}") from None
+        import logging
+
+        self.ray = ray
+        try:
+            ray.init(address=check_address(address), include_dashboard=False, log_to_driver=False,
+                     logging_level=logging.ERROR)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise LsrIndexError(f"--ray {address or '(local)'}: cannot connect to the Ray cluster: {exc}") from None
+        self.plan: list[tuple[str, str, int, dict]] = []  # (node id, device, threads, resources per actor)
+        self.names: dict[str, str] = {}  # node id → how messages name it
+        nodes = [n for n in ray.nodes() if n["Alive"]]
+        gpus = any(n["Resources"].get("GPU", 0) >= 1 for n in nodes)
+        for node in nodes:
+            self.names[node["NodeID"]] = f"node {node['NodeManagerAddress']} ({node['NodeManagerHostname']}, " \
+                                         f"{node['NodeID'][:8]})"
+            cpus, node_gpus = int(node["Resources"].get("CPU", 0)), int(node["Resources"].get("GPU", 0))
+            if gpus:
+                for _ in range(node_gpus):  # Ray shows each GPU actor only its own GPU, as cuda:0
+                    self.plan.append((node["NodeID"], "cuda:0", max(1, cpus // node_gpus), {"num_gpus": 1}))
+            elif cpus:
+                for _ in range(max(1, cpus // cpus_per_actor)):
+                    share = min(cpus, cpus_per_actor)
+                    self.plan.append((node["NodeID"], "cpu", share, {"num_cpus": share}))
+        if not self.plan:
+            ray.shutdown()
+            raise LsrIndexError(f"--ray {address or '(local)'}: the cluster has no GPU and no CPU to encode on")
+        self.devices = ("cuda",) if gpus else ("cpu",)
+
+    def encode(self, job: EncodeJob, out: Path) -> Manifest:
+        """Encode `job` into `out` (shared by every node), resuming whatever an earlier run left."""
+        out = out.resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        try:
+            with exclusive_lock(out):
+                manifest = open_job(job, out)
+                return _Run(self, job, out, manifest).go()
+        finally:
+            self.ray.shutdown()  # ends this job's actors; stops the cluster only if ray.init started it
+
+
+class _Run:
+    def __init__(self, cluster: RayCluster, job: EncodeJob, out: Path, manifest: Manifest):
+        self.ray, self.job, self.out, self.manifest = cluster.ray, job, out, manifest
+        self.done = frozenset(s.start // job.options.shard_docs for s in manifest.shards)
+        self.resumed_at = manifest.docs
+        self.published = set(self.done)
+        self.queue: deque[_Attempt] = deque()
+        self.inflight: dict[Any, _Attempt] = {}  # encode() ref → its attempt
+        self.starting: dict[Any, _Encoder] = {}  # ready() ref → its encoder
+        self.encoders: list[_Encoder] = []
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        actor = self.ray.remote(max_restarts=0, max_task_retries=0)(EncoderActor)
+        for node_id, device, threads, resources in cluster.plan:
+            handle = actor.options(**resources, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                                   ).remote(job, device, threads, cluster.names[node_id])
+            encoder = _Encoder(handle, device, node_id, cluster.names[node_id])
+            self.encoders.append(encoder)
+            self.starting[handle.ready.remote()] = encoder
+
+    def go(self) -> Manifest:
+        from tqdm import tqdm
+
+        from .encode_corpus import _finish
+
+        reader = self.job.reader()
+        stream = prefetch(pending_shards(reader, self.job.options.shard_docs, self.done), depth=READ_AHEAD)
+        t0, started_at = time.perf_counter(), time.time()
+        self.bar = tqdm(desc="encode", unit=" doc", initial=self.resumed_at, dynamic_ncols=True,
+                        disable=None if self.job.options.progress else True)
+        read_all = False
+        try:
+            while True:
+                live = [e for e in self.encoders if e.ready and not e.lost]
+                slots = sum(QUEUED_PER_ACTOR - len(e.inflight) for e in live)
+                while not read_all and len(self.queue) < slots:
+                    item = next(stream, None)
+                    if item is None:
+                        read_all = True
+                    else:
+                        self.queue.append(_Attempt(item[0], self.ray.put(item[1])))
+                self._dispatch(live)
+                if read_all and not self.queue and not self.inflight:
+                    break
+                if not live and not self.starting:
+                    raise LsrIndexError("every encoder on the Ray cluster was lost; rerun the same command to "
+                                        "resume once the cluster has nodes again")
+                ready, _ = self.ray.wait([*self.inflight, *self.starting], num_returns=1, timeout=1.0)
+                for ref in ready:
+                    if ref in self.starting:
+                        self._started(ref)
+                    else:
+                        self._finished(ref)
+        finally:
+            self.bar.close()
+            for attempt in self.inflight.values():
+                self._retire(attempt)
+        seconds = time.perf_counter() - t0
+        skipped = [{"file": s.path, "line": s.where, "id": s.doc_id, "reason": s.reason} for s in reader.skipped]
+        results = [WorkerResult(total_docs=reader.n_docs, tokens=e.tokens, skipped=skipped, worker=i,
+                                device=f"{e.device} on {e.name}", docs=e.docs,
+                                loaded_at=e.loaded_at or started_at, ready_at=e.began or started_at,
+                                done_at=e.ended or started_at)
+                   for i, e in enumerate(self.encoders)]
+        manifest = _finish(self.out, self.manifest, results, self.resumed_at, seconds, started_at)
+        manifest.stats["per_node"] = self._per_node(seconds)
+        manifest.save(self.out)
+        if self.job.options.progress:
+            for node in manifest.stats["per_node"]:
+                print(f"{node['node']}: {node['encoders']} encoder(s), {node['docs']:,} docs, "
+                      f"{node['docs_per_second']:,.1f} docs/s", file=sys.stderr)
+        return manifest
+
+    def _dispatch(self, live: list[_Encoder]) -> None:
+        for encoder in sorted(live, key=lambda e: len(e.inflight)):
+            while self.queue and len(encoder.inflight) < QUEUED_PER_ACTOR:
+                attempt = self.queue.popleft()
+                attempt.directory = self.out / SHARDS / f"{ATTEMPT}{attempt.shard:05d}-{uuid.uuid4().hex[:12]}"
+                attempt.directory.mkdir()
+                attempt.encoder = encoder
+                ref = encoder.handle.encode.remote(attempt.shard, attempt.pieces, str(attempt.directory),
+                                                   str(self.out))
+                encoder.inflight.append(ref)
+                self.inflight[ref] = attempt
+
+    def _started(self, ref: Any) -> None:
+        encoder = self.starting.pop(ref)
+        try:
+            info = self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as exc:
+            raise _remote_error(exc) from None
+        except self.ray.exceptions.RayActorError as exc:
+            self._lost(encoder, exc)
+            return
+        encoder.ready, encoder.loaded_at = True, info["loaded_at"]
+
+    def _finished(self, ref: Any) -> None:
+        attempt = self.inflight[ref]
+        encoder = attempt.encoder
+        try:
+            result = self.ray.get(ref)
+        except self.ray.exceptions.RayTaskError as exc:
+            raise _remote_error(exc) from None
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.WorkerCrashedError) as exc:
+            self._lost(encoder, exc)
+            return
+        del self.inflight[ref]
+        encoder.inflight.remove(ref)
+        self._publish(attempt, result["shard"])
+        encoder.docs += result["shard"].docs
+        encoder.tokens += result["tokens"]
+        encoder.began = encoder.began or result["began"]
+        encoder.ended = result["ended"]
+
+    def _lost(self, encoder: _Encoder, exc: Exception) -> None:
+        """Its process or node died: drop it; its shards go back to the front of the queue."""
+        encoder.lost = True
+        with contextlib.suppress(Exception):
+            self.ray.kill(encoder.handle)  # should it still run somewhere, it must not go on writing
+        requeued = []
+        for position, ref in enumerate(encoder.inflight):
+            attempt = self.inflight.pop(ref)
+            self._retire(attempt)
+            attempt.losses += position == 0  # the one it was encoding
+            if attempt.losses >= MAX_LOSSES:
+                raise LsrIndexError(f"shard {attempt.shard} took down {attempt.losses} encoders (the last on "
+                                    f"{encoder.name}); a document in it may exhaust memory: see the node's Ray "
+                                    "logs, lower --max-tokens or --doc-max-length, then rerun")
+            requeued.append(attempt)
+        encoder.inflight.clear()
+        self.queue.extendleft(reversed(requeued))
+        held = f" holding shard(s) {', '.join(str(a.shard) for a in requeued)}" if requeued else ""
+        self.bar.write(f"lost the encoder on {encoder.device} of {encoder.name}{held} ({type(exc).__name__}); "
+                       f"{sum(not e.lost for e in self.encoders)} encoder(s) left", file=sys.stderr)
+
+    def _retire(self, attempt: _Attempt) -> None:
+        """Delete an attempt's directory: the rename first, so that a late writer cannot create or publish there."""
+        if attempt.directory is None:
+            return
+        dead = attempt.directory.with_name(attempt.directory.name + ".dead")
+        with contextlib.suppress(FileNotFoundError):
+            os.replace(attempt.directory, dead)
+        shutil.rmtree(dead, ignore_errors=True)
+        attempt.directory = attempt.encoder = None
+
+    def _publish(self, attempt: _Attempt, shard: Shard) -> None:
+        """The first finished attempt of a shard takes its final name and enters the manifest."""
+        if attempt.shard in self.published:  # a late duplicate: never published
+            self._retire(attempt)
+            return
+        self.published.add(attempt.shard)
+        final = self.out / SHARDS / shard_name(attempt.shard, self.job.options.output_format)
+        os.replace(self.out / shard.file, final)
+        fsync_directory(final.parent)
+        self.manifest.shards.append(dataclasses.replace(shard, file=final.relative_to(self.out).as_posix()))
+        self.manifest.shards.sort(key=lambda s: s.start)
+        self.manifest.save(self.out)
+        self._retire(attempt)
+        self.bar.update(shard.docs)
+        live = [e for e in self.encoders if e.ready and not e.lost]
+        self.bar.set_postfix_str(f"{len(live)} encoders on {len({e.node_id for e in live})} nodes", refresh=False)
+
+    def _per_node(self, seconds: float) -> list[dict]:
+        nodes: dict[str, list[_Encoder]] = defaultdict(list)
+        for encoder in self.encoders:
+            nodes[encoder.name].append(encoder)
+        return [{"node": node, "encoders": len(group), "docs": sum(e.docs for e in group),
+                 "docs_per_second": round(sum(e.docs for e in group) / max(seconds, 1e-9), 1)}
+                for node, group in sorted(nodes.items())]
+
+
+def _remote_error(exc: Exception) -> LsrIndexError:
+    """A failure inside a remote call, as the one line the actor made of it."""
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, LsrIndexError):
+        return cause
+    return LsrIndexError(f"an encoder failed: {_describe(cause) if cause else str(exc).splitlines()[0]}")

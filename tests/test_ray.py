@@ -1,0 +1,225 @@
+"""`encode --ray` on a real multi-node Ray cluster on this machine: a head plus worker nodes, each its own raylet
+with its own resources, all on 127.0.0.1. The driver is a real `lsr-index` process; nodes, actors and the driver
+are killed with SIGKILL mid-run, and every output is compared with the single-machine output."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from lsr_index.writers import read_shard
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
+# loopback only: Ray would otherwise bind to this host's outward address; no usage reports
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+SETTINGS = ["--shard-docs", "5", "--doc-max-length", "64"]  # 60 documents → 12 shards, quick on CPU
+NODE = {"num_cpus": 1, "object_store_memory": 100 << 20, "node_ip_address": "127.0.0.1"}
+
+
+def lsr(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lsr_index", "--quiet", "encode", *args]
+
+
+def _corpus(directory: Path, docs: int) -> Path:
+    path = directory / "corpus.jsonl"
+    path.write_text("".join(SAMPLE.read_text().splitlines(keepends=True)[:docs]))
+    return path
+
+
+def _reference(corpus: Path, out: Path, *settings: str) -> Path:
+    """The single-machine output of the same command."""
+    subprocess.run(lsr(str(corpus), "-o", str(out), "--device", "cpu", *settings), check=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return _corpus(tmp_path_factory.mktemp("corpus"), 60)
+
+
+@pytest.fixture(scope="module")
+def reference(corpus, tmp_path_factory) -> Path:
+    return _reference(corpus, tmp_path_factory.mktemp("ref") / "v", *SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A head without CPUs (so that nothing encodes beside the driver) and two worker nodes of one CPU each."""
+    pytest.importorskip("ray")
+    from ray.cluster_utils import Cluster
+
+    head = {**NODE, "num_cpus": 0, "include_dashboard": False,
+            "_system_config": {"health_check_period_ms": 1000, "health_check_failure_threshold": 3}}
+    cluster = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        for _ in range(2):
+            cluster.add_node(**NODE)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+def _shards(out: Path) -> int:
+    try:
+        return len(json.loads((out / "manifest.json").read_text())["shards"])
+    except (FileNotFoundError, json.JSONDecodeError, KeyError):
+        return 0
+
+
+def _same_output(out: Path, reference: Path) -> dict:
+    """Same shard list and checksums, same vectors; nothing else under shards/ (no attempt left, no temporary)."""
+    ours, theirs = (json.loads((d / "manifest.json").read_text()) for d in (out, reference))
+    assert ours["complete"] and ours["shards"] == theirs["shards"]
+    for shard in ours["shards"]:
+        assert list(read_shard(out / shard["file"])) == list(read_shard(reference / shard["file"]))
+    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(Path(s["file"]).name for s in ours["shards"])
+    return ours["stats"]
+
+
+def _encoders(node) -> list[int]:
+    """Pids of the encoder actors of a Cluster node: its raylet's children named after the actor class."""
+    raylet = node.all_processes["raylet"][0].process.pid
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == raylet \
+                    and b"EncoderActor" in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
+def _wait_encoding(nodes, proc: subprocess.Popen, timeout: float = 240):
+    """(node, pid) of the first encoder seen inside encode() (Ray titles the process after the running method)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        for node in nodes:
+            for pid in _encoders(node):
+                try:
+                    if b"encode" in (Path("/proc") / str(pid) / "cmdline").read_bytes().replace(b"EncoderActor", b""):
+                        return node, pid
+                except OSError:
+                    continue
+        time.sleep(0.02)
+    raise AssertionError("no encoder was seen encoding")
+
+
+def _run(cmd: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_without_ray_one_line_says_what_to_install(corpus, tmp_path):
+    shadow = tmp_path / "noray" / "ray"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('No module named ray')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shadow.parent), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(lsr(str(corpus), "-o", str(tmp_path / "v"), "--ray"), capture_output=True, text=True,
+                          env=env)
+    assert done.returncode == 1
+    assert done.stderr == "error: --ray needs Ray, which is not installed: pip install 'lsr-index[ray]'\n"
+    assert not (tmp_path / "v").exists()
+
+
+def test_an_input_path_taken_for_the_address_is_refused(corpus, tmp_path):
+    pytest.importorskip("ray")
+    done = subprocess.run(lsr(str(corpus), "--ray", str(corpus), "-o", str(tmp_path / "v")), capture_output=True,
+                          text=True)
+    assert done.returncode == 1 and "not a Ray address" in done.stderr and "--ray=ADDRESS" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_cluster_output_equals_one_machine(cluster, tmp_path):
+    """Both nodes encode: enough shards (16) that a node whose encoder starts later still gets some."""
+    corpus = _corpus(tmp_path, 160)
+    settings = ["--shard-docs", "10", "--doc-max-length", "64"]
+    reference = _reference(corpus, tmp_path / "ref", *settings)
+    out = tmp_path / "v"
+    proc = _run(lsr(str(corpus), "-o", str(out), *settings, "--ray", cluster.address, "--ray-cpus", "1"))
+    _, err = proc.communicate(timeout=480)
+    assert proc.returncode == 0, err
+    stats = _same_output(out, reference)
+    assert len(stats["per_node"]) == 2 and all(node["docs"] > 0 for node in stats["per_node"]), stats["per_node"]
+    assert sum(node["docs"] for node in stats["per_node"]) == 160
+
+
+@pytest.mark.slow
+def test_a_killed_encoder_process_loses_nothing(cluster, corpus, reference, tmp_path):
+    out = tmp_path / "v"
+    proc = _run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"))
+    try:
+        os.kill(_wait_encoding(list(cluster.worker_nodes), proc)[1], signal.SIGKILL)
+        _, err = proc.communicate(timeout=480)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "lost the encoder on cpu" in err and "holding shard" in err, err
+    _same_output(out, reference)
+
+
+@pytest.mark.slow
+def test_a_killed_node_loses_nothing(cluster, corpus, reference, tmp_path):
+    """SIGKILL the raylet of a node whose encoder is inside a shard: the shard runs elsewhere. A third node joins
+    first, so that two stay for the other tests."""
+    cluster.add_node(**NODE)
+    cluster.wait_for_nodes()
+    out = tmp_path / "v"
+    proc = _run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"))
+    doomed = None
+    try:
+        doomed, _ = _wait_encoding(list(cluster.worker_nodes), proc)
+        os.kill(doomed.all_processes["raylet"][0].process.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=480)
+    finally:
+        proc.kill()
+        cluster.remove_node(doomed or cluster.worker_nodes.copy().pop(), allow_graceful=False)
+    assert proc.returncode == 0, err
+    assert "holding shard" in err, err
+    stats = _same_output(out, reference)
+    assert len(stats["per_node"]) == 3
+
+
+@pytest.mark.slow
+def test_a_killed_driver_resumes(cluster, corpus, reference, tmp_path):
+    out = tmp_path / "v"
+    cmd = lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1")
+    proc = _run(cmd)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and _shards(out) < 2:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    published = _shards(out)
+    assert 2 <= published < 12, published
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=480)
+    assert again.returncode == 0, again.stderr
+    stats = _same_output(out, reference)
+    assert stats["resumed_at"] >= 10 and stats["docs_this_run"] == 60 - stats["resumed_at"]
+
+
+@pytest.mark.slow
+def test_a_remote_failure_is_one_line_naming_the_node(cluster, corpus, tmp_path):
+    """A node whose model cache is unusable (a file where the directory should be): the run stops, saying where."""
+    (tmp_path / "cache").write_text("not a directory")
+    broken = cluster.add_node(**NODE, env_vars={"LSR_INDEX_CACHE": str(tmp_path / "cache")})
+    cluster.wait_for_nodes()
+    try:
+        done = subprocess.run(lsr(str(corpus), "-o", str(tmp_path / "v"), *SETTINGS, "--ray", cluster.address,
+                                  "--ray-cpus", "1"), capture_output=True, text=True, timeout=480)
+    finally:
+        cluster.remove_node(broken, allow_graceful=False)
+    assert done.returncode == 1
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: node 127.0.0.1 (") and "cannot start an encoder on cpu" in done.stderr
+    assert "NotADirectoryError" in done.stderr and str(tmp_path / "cache") in done.stderr
+    assert not list((tmp_path / "v" / "shards").glob(".attempt-*"))
