@@ -17,10 +17,20 @@ import click
 
 from .errors import LsrIndexError
 from .presets import PRESET_KEYS, load_preset
+from .settings import DEFAULTS, DTYPE, MAX_TOKENS, RANGES
 
-DEFAULTS = {"model": "splade-tiny", "doc_max_length": 256, "query_max_length": 64, "max_tokens": None,
-            "shard_docs": 100_000, "output_format": "jsonl.gz", "scale": 100.0, "top_k": None,
-            "min_weight": 0.0, "dtype": "auto"}
+
+def setting(name: str) -> click.ParamType:
+    """The click type of an encode setting, from its one range in settings.RANGES."""
+    spec = RANGES[name]
+    if spec.choices:
+        return click.Choice(spec.choices)
+    kind = click.IntRange if spec.kind is int else click.FloatRange
+    return kind(spec.low, spec.high, min_open=spec.above)
+
+
+def default(name: str) -> str:
+    return f"[default: {DEFAULTS[name]}]"
 
 
 def friendly_errors(fn: Callable) -> Callable:
@@ -68,10 +78,8 @@ def _devices(spec: str) -> tuple[str, ...]:
     return tuple(devices) or ("cpu",)
 
 
-def _dtype(name: str, gpu: bool) -> str:
-    if name == "auto":
-        return "bfloat16" if gpu else "float32"
-    return name
+def _dtype(name: str | None, gpu: bool) -> str:
+    return DTYPE["cuda" if gpu else "cpu"] if name in (None, "auto") else name
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
@@ -97,20 +105,23 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
 @click.option("--preset", help="Named preset from configs/ (e.g. splade-tiny, gpu-bf16) or a .toml path; "
               "explicit options override it.")
 @click.option("--model", "-m", help="Local model directory, Hugging Face id, or 'splade-tiny' (embedded). "
-              "[default: splade-tiny]")
-@click.option("--doc-max-length", type=click.IntRange(2, 8192), help="Tokens per document. [default: 256]")
-@click.option("--query-max-length", type=click.IntRange(2, 8192),
-              help="Tokens per query, recorded for search. [default: 64]")
-@click.option("--max-tokens", type=click.IntRange(64), help="Padded tokens per forward pass (bounds memory). "
-              "[default: 16384 on CPU, 131072 on GPU]")
-@click.option("--shard-docs", type=click.IntRange(1), help="Documents per output shard (the resume unit). "
-              "[default: 100000]")
-@click.option("--format", "output_format", type=click.Choice(["jsonl", "jsonl.gz", "parquet"]),
-              help="Shard format; jsonl* is Anserini's JsonVectorCollection. [default: jsonl.gz]")
-@click.option("--scale", type=click.FloatRange(min=0, min_open=True),
-              help="Impact = round(weight × scale). [default: 100]")
-@click.option("--top-k", type=click.IntRange(1), help="Keep only the k largest terms per document.")
-@click.option("--min-weight", type=click.FloatRange(0), help="Drop weights below this before rounding.")
+              + default("model"))
+@click.option("--doc-max-length", type=setting("doc_max_length"), help="Tokens per document. "
+              + default("doc_max_length"))
+@click.option("--query-max-length", type=setting("query_max_length"),
+              help="Tokens per query, recorded for search. " + default("query_max_length"))
+@click.option("--max-tokens", type=setting("max_tokens"), help="Padded tokens per forward pass (bounds memory). "
+              f"[default: {MAX_TOKENS['cpu']} on CPU, {MAX_TOKENS['cuda']} on GPU]")
+@click.option("--shard-docs", type=setting("shard_docs"), help="Documents per output shard. "
+              + default("shard_docs"))
+@click.option("--checkpoint-seconds", type=setting("checkpoint_seconds"),
+              help="A shard in progress is checkpointed about this often: what a crash or Ctrl-C can lose. "
+              + default("checkpoint_seconds"))
+@click.option("--format", "output_format", type=setting("output_format"),
+              help="Shard format; jsonl* is Anserini's JsonVectorCollection. " + default("output_format"))
+@click.option("--scale", type=setting("scale"), help="Impact = round(weight × scale). " + default("scale"))
+@click.option("--top-k", type=setting("top_k"), help="Keep only the k largest terms per document.")
+@click.option("--min-weight", type=setting("min_weight"), help="Drop weights below this before rounding.")
 @click.option("--id-field", help="Field holding the document id [default: id, _id or docid].")
 @click.option("--text-field", "text_fields", multiple=True,
               help="Text field(s), joined by a space; repeat for several [default: title+text, or contents].")
@@ -118,9 +129,9 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
               help="On a bad record: stop with its location, or skip it and list it in skipped.jsonl.")
 @click.option("--device", default="auto",
               help="auto (every visible GPU, else CPU), cpu, cuda:N, or a list like cuda:0,cuda:1 (one worker each).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
-              help="Model precision [default: bfloat16 on GPU, float32 on CPU].")
-@click.option("--backend", type=click.Choice(["auto", "triton", "torch"]), default="auto",
+@click.option("--dtype", type=click.Choice(["auto", *RANGES["dtype"].choices]),
+              help=f"Model precision [default: {DTYPE['cuda']} on GPU, {DTYPE['cpu']} on CPU].")
+@click.option("--backend", type=setting("backend"), default=DEFAULTS["backend"],
               help="LM-head implementation: the fused Triton kernel on GPU, chunked PyTorch on CPU.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing complete output.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="", metavar="[ADDRESS]",
@@ -150,7 +161,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     devices = cluster.devices if cluster else _devices(options["device"])
     gpu = devices[0].startswith("cuda")
     out = output or ctx.obj["workdir"] / "vectors"
-    max_tokens = value("max_tokens") or (131072 if gpu else 16384)
+    max_tokens = value("max_tokens") or MAX_TOKENS["cuda" if gpu else "cpu"]
     job = EncodeJob(
         inputs=tuple(inputs), model=value("model"), dtype=_dtype(value("dtype"), gpu),
         fields=Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None),
@@ -158,16 +169,31 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
         options=EncodeOptions(
             doc_max_length=value("doc_max_length"), query_max_length=value("query_max_length"),
             max_tokens=max_tokens, shard_docs=value("shard_docs"), output_format=value("output_format"),
+            checkpoint_seconds=value("checkpoint_seconds"),
             quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
             backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"]))
     manifest = cluster.encode(job, out) if cluster else encode_corpus(job, out, devices)
-    stats = manifest.stats
-    click.echo(f"encoded {manifest.docs:,} documents into {len(manifest.shards)} shard(s) in {out} "
-               f"({stats['docs_per_second']:,.1f} docs/s, {stats['tokens_per_second']:,.0f} tokens/s, "
-               f"{stats['nonzeros_per_doc']:.1f} nonzeros/doc, {stats['seconds']:.1f} s"
-               + (f", resumed at document {stats['resumed_at']:,}" if stats["resumed_at"] else "") + ")")
+    _report_encoding(manifest, out, value("doc_max_length"))
     if manifest.skipped:
         click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.jsonl'}", err=True)
+
+
+def _report_encoding(manifest, out: Path, doc_max_length: int) -> None:
+    """The summary: documents, rates with start-up apart (model load, first read), truncation."""
+    stats = manifest.stats
+    startup = max((w["startup_seconds"] for w in stats.get("per_worker", [])), default=0.0)
+    after = stats["docs_this_run"] / max(stats["seconds"] - startup, 1e-9)
+    click.echo(f"encoded {manifest.docs:,} documents into {len(manifest.shards)} shard(s) in {out} in "
+               f"{stats['seconds']:.1f} s: start-up {startup:.1f} s, then {after:,.1f} docs/s "
+               f"({stats['docs_per_second']:,.1f} docs/s overall, {stats['tokens_per_second']:,.0f} tokens/s, "
+               f"{stats['nonzeros_per_doc']:.1f} nonzeros/doc"
+               + (f", resumed at document {stats['resumed_at']:,}" if stats["resumed_at"] else "") + ")")
+    cut = manifest.truncation
+    if cut["documents"]:
+        click.echo(f"truncated {cut['documents']:,} document(s) ({cut['share']:.1%}) at --doc-max-length "
+                   f"{doc_max_length}; the longest had {cut['longest_tokens']:,} tokens"
+                   + (f"; {cut['cut_at_characters']:,} cut at the reader's character bound first"
+                      if cut["cut_at_characters"] else ""), err=True)
 
 
 @main.command()

@@ -106,7 +106,8 @@ class Manifest:
         try:
             body = json.loads(path.read_bytes())
         except FileNotFoundError:
-            raise LsrIndexError(f"{directory}: no {MANIFEST} (is this an lsr-index output directory?)") from None
+            raise LsrIndexError(f"{directory}: no {MANIFEST}: nothing is encoded there; run `lsr-index encode` "
+                                "first, or point --vectors at an encode output") from None
         except OSError as exc:
             raise LsrIndexError(f"{path}: cannot read the manifest: {os_cause(exc)}") from None
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

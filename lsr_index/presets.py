@@ -7,9 +7,10 @@ from importlib import resources
 from pathlib import Path
 
 from .errors import LsrIndexError
+from .settings import RANGES, check_all
 
-PRESET_KEYS = ("model", "doc_max_length", "query_max_length", "max_tokens", "shard_docs", "output_format",
-               "scale", "top_k", "min_weight", "dtype")
+PRESET_KEYS = ("model", "doc_max_length", "query_max_length", "max_tokens", "shard_docs", "checkpoint_seconds",
+               "output_format", "scale", "top_k", "min_weight", "dtype")
 
 
 def available() -> dict[str, dict]:
@@ -26,6 +27,9 @@ def _parse(text: str, origin: str) -> dict:
     unknown = sorted(set(values) - set(PRESET_KEYS) - {"description"})
     if unknown:
         raise LsrIndexError(f"preset {origin}: unknown keys {', '.join(unknown)} (known: {', '.join(PRESET_KEYS)})")
+    if not isinstance(values.get("model", ""), str):
+        raise LsrIndexError(f"preset {origin}: model must be a string, got {values['model']!r}")
+    check_all({k: v for k, v in values.items() if k in RANGES}, f"preset {origin}")
     return values
 
 

@@ -80,3 +80,22 @@ def check(name: str, value: Any, origin: str = "") -> Any:
 def check_all(values: dict[str, Any], origin: str = "") -> None:
     for name, value in values.items():
         check(name, value, origin)
+
+
+# The one source of every encode setting's default: the CLI's help, presets' fallbacks and EncodeOptions read it.
+DEFAULTS: dict[str, Any] = {
+    "model": "splade-tiny",
+    "doc_max_length": 256,
+    "query_max_length": 64,
+    "max_tokens": None,  # by device: MAX_TOKENS
+    "shard_docs": 100_000,
+    "checkpoint_seconds": 30.0,
+    "output_format": "jsonl.gz",
+    "scale": 100.0,
+    "top_k": None,
+    "min_weight": 0.0,
+    "dtype": None,  # by device: DTYPE
+    "backend": "auto",
+}
+MAX_TOKENS = {"cpu": 16384, "cuda": 131072}  # padded tokens per forward pass: activation memory, not corpus size
+DTYPE = {"cpu": "float32", "cuda": "bfloat16"}
