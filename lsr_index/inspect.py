@@ -117,7 +117,7 @@ class CorpusStats:
             "vectors": str(self.directory), "complete": self.manifest.complete, "documents": self.documents,
             "model": self.manifest.model["name"], "scale": self.manifest.quantization["scale"],
             "nonzeros_per_doc": summarize(self.nonzeros), "impacts": summarize(self.impacts),
-            "truncation": _truncation(self.manifest, self.documents),
+            "truncation": _truncation(self.manifest),
             "vocabulary": {"terms_used": len(self.df), "vocab_size": vocab_size,
                            "coverage": round(len(self.df) / vocab_size, 4) if vocab_size else None,
                            "top_df": [(term, n, round(n / self.documents, 4)) for term, n in frequent]},
@@ -135,19 +135,9 @@ def corpus_stats(directory: Path, progress: bool = False) -> CorpusStats:
     return stats
 
 
-def _truncation(manifest: Manifest, documents: int) -> dict | None:
-    """Documents cut at doc_max_length (count, share, what else the encoder recorded); None if it recorded nothing.
-
-    Read from the manifest's `truncation` record where it has one, else from a `stats` entry naming it.
-    """
-    recorded = getattr(manifest, "truncation", None)
-    if not isinstance(recorded, dict):
-        stats = {key: value for key, value in manifest.stats.items() if "truncat" in key}
-        count = next((v for v in stats.values() if isinstance(v, int) and not isinstance(v, bool)), None)
-        if count is None:
-            return None
-        recorded = {"documents": count, "share": round(count / max(documents, 1), 6), **stats}
-    return {"doc_max_length": manifest.encoder.get("doc_max_length"), **recorded}
+def _truncation(manifest: Manifest) -> dict:
+    """Documents cut at doc_max_length, as the encoder recorded them shard by shard (manifest format 2)."""
+    return {"doc_max_length": manifest.encoder["doc_max_length"], **manifest.truncation}
 
 
 def _vocab_size(manifest: Manifest) -> int | None:
@@ -227,9 +217,7 @@ def _render_corpus(c: dict) -> list[str]:
     return lines
 
 
-def _describe_truncation(t: dict | None) -> str:
-    if not t:
-        return "not recorded"
+def _describe_truncation(t: dict) -> str:
     rest = ", ".join(f"{k} {v:,}" for k, v in t.items() if k not in ("doc_max_length", "documents", "share"))
     return f"{t['documents']:,} documents ({t['share']:.1%}) at {t['doc_max_length']} tokens" + \
         (f"; {rest}" if rest else "")
