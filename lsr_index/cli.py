@@ -98,6 +98,8 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
               "explicit options override it.")
 @click.option("--model", "-m", help="Local model directory, Hugging Face id, or 'splade-tiny' (embedded). "
               "[default: splade-tiny]")
+@click.option("--query-model", help="A separate model for queries (same vocabulary), recorded for search. "
+              "[default: the model, or its token-weight table when it ships one (inference-free models)]")
 @click.option("--doc-max-length", type=click.IntRange(2, 8192), help="Tokens per document. [default: 256]")
 @click.option("--query-max-length", type=click.IntRange(2, 8192),
               help="Tokens per query, recorded for search. [default: 64]")
@@ -152,7 +154,8 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     out = output or ctx.obj["workdir"] / "vectors"
     max_tokens = value("max_tokens") or (131072 if gpu else 16384)
     job = EncodeJob(
-        inputs=tuple(inputs), model=value("model"), dtype=_dtype(value("dtype"), gpu),
+        inputs=tuple(inputs), model=value("model"), query_model=options["query_model"],
+        dtype=_dtype(value("dtype"), gpu),
         fields=Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None),
         on_error=options["on_error"],
         options=EncodeOptions(
@@ -213,7 +216,8 @@ def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads:
               help="trec: 'qid Q0 docid rank score tag'; msmarco: 'qid<TAB>docid<TAB>rank'.")
 @click.option("--qrels", type=click.Path(dir_okay=False, path_type=Path),
               help="Relevance judgments: when given, the run file's metrics are printed.")
-@click.option("--model", "-m", help="Override the model path (must be the same weights as the index's).")
+@click.option("--model", "-m", help="Override the query model's path (must be the same files as the query model "
+              "recorded in the index).")
 @click.option("--device", default="cpu", help="Device for query encoding.")
 @click.pass_context
 @friendly_errors
