@@ -57,7 +57,8 @@ class TokenWeightEncoder:
         ids = self.model.tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length,
                                    padding=True, return_tensors="pt")
         present = torch.zeros(len(texts), self.model.vocab_size)
-        present.scatter_(1, ids["input_ids"], ids["attention_mask"].float())
+        # amax: a padding position must not clear a real token of the same id (scatter_ keeps an arbitrary write)
+        present.scatter_reduce_(1, ids["input_ids"], ids["attention_mask"].float(), reduce="amax")
         return present * self._weights
 
 
