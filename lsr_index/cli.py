@@ -106,6 +106,8 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
               "explicit options override it.")
 @click.option("--model", "-m", help="Local model directory, Hugging Face id, or 'splade-tiny' (embedded). "
               + default("model"))
+@click.option("--query-model", help="A separate model for queries (same vocabulary), recorded for search. "
+              "[default: the model, or its token-weight table when it ships one (inference-free models)]")
 @click.option("--doc-max-length", type=setting("doc_max_length"), help="Tokens per document. "
               + default("doc_max_length"))
 @click.option("--query-max-length", type=setting("query_max_length"),
@@ -163,7 +165,8 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     out = output or ctx.obj["workdir"] / "vectors"
     max_tokens = value("max_tokens") or MAX_TOKENS["cuda" if gpu else "cpu"]
     job = EncodeJob(
-        inputs=tuple(inputs), model=value("model"), dtype=_dtype(value("dtype"), gpu),
+        inputs=tuple(inputs), model=value("model"), query_model=options["query_model"],
+        dtype=_dtype(value("dtype"), gpu),
         fields=Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None),
         on_error=options["on_error"],
         options=EncodeOptions(
@@ -239,7 +242,8 @@ def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads:
               help="trec: 'qid Q0 docid rank score tag'; msmarco: 'qid<TAB>docid<TAB>rank'.")
 @click.option("--qrels", type=click.Path(dir_okay=False, path_type=Path),
               help="Relevance judgments: when given, the run file's metrics are printed.")
-@click.option("--model", "-m", help="Override the model path (must be the same weights as the index's).")
+@click.option("--model", "-m", help="Override the query model's path (must be the same files as the query model "
+              "recorded in the index).")
 @click.option("--device", default="cpu", help="Device for query encoding.")
 @click.pass_context
 @friendly_errors

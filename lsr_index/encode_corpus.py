@@ -219,6 +219,7 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
 
     from .model_files import model_sha256
     from .models import EMBEDDED, max_length, resolve_model
+    from .query_models import query_model_record
 
     options = job.options
     model_path = resolve_model(job.model)
@@ -236,7 +237,7 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
         input={"files": [str(p.resolve()) for p in reader.files], "max_chars": job.max_chars,
                "fields": {"id": reader.fields.id, "text": list(reader.fields.text or []) or None},
                "on_error": job.on_error},
-        shard_docs=options.shard_docs)
+        shard_docs=options.shard_docs, query_model=query_model_record(job))
     _refuse_foreign_places(job, out)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out):

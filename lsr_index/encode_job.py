@@ -55,6 +55,7 @@ class EncodeJob:
 
     inputs: tuple[str, ...]
     model: str = "splade-tiny"
+    query_model: str | None = None  # a separate query encoder; None: the document model's own route
     dtype: str = "float32"
     fields: Fields = field(default_factory=Fields)
     on_error: str = "fail"

@@ -93,7 +93,7 @@ def queries(index: Path, texts: Sequence[str], top: int, model: str | None, devi
     out = []
     for text, (_, vector) in zip(texts, vectors):
         own = set(encoder.model.tokenizer.tokenize(text))
-        out.append({"query": text, "model": manifest.model["name"], "terms": len(vector),
+        out.append({"query": text, "model": manifest.query["name"], "terms": len(vector),
                     "expansion_terms": sum(term not in own for term in vector),
                     "top": [(term, impact, term in own) for term, impact in _top(vector, top)]})
     return out

@@ -20,6 +20,8 @@ from .settings import check
 MANIFEST = "manifest.json"
 KIND = "lsr-index/vectors"
 FORMAT_VERSION = 2  # 2: per-shard input digests and truncation counts, checkpointed chunks
+QUERY_MODEL_KEYS = ("name", "sha256", "kind", "vocab_sha256")
+QUERY_KINDS = ("splade", "token_weights")  # through a masked LM; from a token-weight table (inference-free)
 
 
 @dataclass
@@ -66,6 +68,9 @@ class Manifest:
     complete: bool = False
     skipped: int = 0
     stats: dict = field(default_factory=dict)
+    # what encodes queries: {name, sha256, kind: "splade" | "token_weights", vocab_sha256}; absent (None) in
+    # manifests written without one: the document model's directory, encoding queries by its own route
+    query_model: dict | None = None
     kind: str = KIND
     version: int = FORMAT_VERSION
 
@@ -76,6 +81,11 @@ class Manifest:
     @property
     def nonzeros(self) -> int:
         return sum(s.nonzeros for s in self.shards)
+
+    @property
+    def query(self) -> dict:
+        """The query model's record: name and sha256 always, kind and vocab_sha256 when recorded."""
+        return self.query_model or {"name": self.model["name"], "sha256": self.model["sha256"]}
 
     @property
     def truncation(self) -> dict:
@@ -90,7 +100,7 @@ class Manifest:
         themselves are checked shard by shard, through each part's input digest)."""
         return {"model": self.model, "encoder": {k: v for k, v in self.encoder.items() if k != "backend"},
                 "quantization": self.quantization, "input": {k: v for k, v in self.input.items() if k != "files"},
-                "output_format": self.output_format, "shard_docs": self.shard_docs}
+                "output_format": self.output_format, "shard_docs": self.shard_docs, "query_model": self.query_model}
 
     def to_json(self) -> bytes:
         body = asdict(self)
@@ -186,6 +196,14 @@ def _check_sections(body: dict) -> None:
     for key in ("name", "sha256"):  # what `search` reads back to load the model that encoded the documents
         if not isinstance(body.get("model", {}).get(key), str):
             raise _Malformed(f"'model.{key}' is missing or not a str")
+    query = body.get("query_model")
+    if query is not None:  # what `search` loads to encode queries
+        if not isinstance(query, dict) or sorted(query) != sorted(QUERY_MODEL_KEYS):
+            raise _Malformed(f"'query_model' must be an object with exactly {', '.join(QUERY_MODEL_KEYS)}")
+        if not all(isinstance(query[key], str) for key in QUERY_MODEL_KEYS):
+            raise _Malformed(f"'query_model' values must be strings, got {query!r}")
+        if query["kind"] not in QUERY_KINDS:
+            raise _Malformed(f"'query_model.kind' must be one of {', '.join(QUERY_KINDS)}, got {query['kind']!r}")
     encoder = body.get("encoder", {})
     try:
         for key in ("doc_max_length", "query_max_length", "dtype", "backend"):

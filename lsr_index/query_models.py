@@ -8,9 +8,11 @@ loads no transformer.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -18,7 +20,10 @@ import torch
 from .encoder import SpladeEncoder
 from .errors import LsrIndexError
 from .model_files import model_sha256, sentence_transformers_layout
-from .models import SpladeModel, load_model, resolve_model, tokenizer_terms
+from .models import EMBEDDED, SpladeModel, load_model, max_length, resolve_model, tokenizer_terms
+
+if TYPE_CHECKING:
+    from .encode_job import EncodeJob
 
 QUERY_TABLES = ("query_token_weights.txt", "idf.json")  # opensearch's two spellings of the same table
 
@@ -52,8 +57,31 @@ class TokenWeightEncoder:
         ids = self.model.tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length,
                                    padding=True, return_tensors="pt")
         present = torch.zeros(len(texts), self.model.vocab_size)
-        present.scatter_(1, ids["input_ids"], ids["attention_mask"].float())
+        # amax: a padding position must not clear a real token of the same id (scatter_ keeps an arbitrary write)
+        present.scatter_reduce_(1, ids["input_ids"], ids["attention_mask"].float(), reduce="amax")
         return present * self._weights
+
+
+@dataclass(frozen=True)
+class QueryRoute:
+    """How the model in a directory encodes queries, read from its files alone (no weights loaded)."""
+
+    kind: str  # "splade": through the masked LM; "token_weights": from a table, no model
+    table: Path | None  # idf.json, query_token_weights.txt or a SparseStaticEmbedding folder
+    tokenizer: Path  # the directory whose tokenizer splits queries
+
+
+def query_route(path: Path) -> QueryRoute:
+    """A sentence-transformers SparseStaticEmbedding query route, else a table file in the directory, else the
+    model itself."""
+    layout = sentence_transformers_layout(path)
+    if layout is not None and layout.query is not None:
+        module = layout.query
+        return QueryRoute("token_weights", module, module if (module / "tokenizer.json").is_file() else path)
+    table = next((path / name for name in QUERY_TABLES if (path / name).is_file()), None)
+    if table is not None:
+        return QueryRoute("token_weights", table, path)
+    return QueryRoute("splade", None, layout.mlm if layout else path)
 
 
 def load_query_model(name_or_path: str, device: str = "cpu", dtype: torch.dtype | None = None
@@ -62,39 +90,65 @@ def load_query_model(name_or_path: str, device: str = "cpu", dtype: torch.dtype 
     sentence-transformers SparseStaticEmbedding query route, query_token_weights.txt or idf.json), else the
     model itself."""
     path = resolve_model(name_or_path)
-    layout = sentence_transformers_layout(path)
-    if layout is not None and layout.query is not None:
-        return _static_embedding(path, layout.query)
-    table = next((path / name for name in QUERY_TABLES if (path / name).is_file()), None)
-    if table is None:
+    route = query_route(path)
+    if route.kind == "splade":
         return load_model(name_or_path, device=device, dtype=dtype)
-    tokenizer = _tokenizer(path)
+    if route.table.is_dir():
+        return _static_embedding(path, route)
+    tokenizer = _tokenizer(route.tokenizer)
     vocab, _ = tokenizer_terms(tokenizer)
     weights = np.zeros(len(vocab), np.float32)
     ids = tokenizer.get_vocab()
-    for term, weight in _read_table(table).items():
+    for term, weight in _read_table(route.table).items():
         if term in ids:  # a term the tokenizer cannot produce can never weigh in a query
             weights[ids[term]] = weight
     return TokenWeights(name=str(path), path=path, sha256=model_sha256(path), tokenizer=tokenizer, weights=weights,
                         vocab=vocab)
 
 
+def vocab_sha256(vocab: list[str]) -> str:
+    return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
+
+
+def query_model_record(job: EncodeJob) -> dict:
+    """The manifest's query_model: what `search` loads to encode the job's queries (the document model's own route
+    unless job.query_model is given), its checksum, kind and vocabulary's checksum. A query model whose vocabulary
+    differs from the document model's is refused: its term ids would name other terms than the index holds."""
+    name = job.query_model or job.model
+    path = resolve_model(name)
+    limit = max_length(path)
+    if limit and job.options.query_max_length > limit:
+        raise LsrIndexError(f"query model {name} takes at most {limit} tokens; lower --query-max-length "
+                            f"({job.options.query_max_length})")
+    route = query_route(path)
+    vocab = tokenizer_terms(_tokenizer(route.tokenizer))[0]
+    documents = resolve_model(job.model)
+    layout = sentence_transformers_layout(documents)
+    doc_tokenizer = layout.mlm if layout else documents  # the one the documents went through
+    doc_vocab = vocab if doc_tokenizer == route.tokenizer else tokenizer_terms(_tokenizer(doc_tokenizer))[0]
+    if vocab != doc_vocab:
+        raise LsrIndexError(f"query model {name}: its vocabulary ({len(vocab):,} terms) differs from the document "
+                            f"model's ({len(doc_vocab):,} terms, {job.model}): its queries' terms would not be "
+                            "the index's; a query model must share the document model's tokenizer")
+    return {"name": name if name in EMBEDDED else str(path.resolve()), "sha256": model_sha256(path),
+            "kind": route.kind, "vocab_sha256": vocab_sha256(vocab)}
+
+
 def encoder_for(model: SpladeModel | TokenWeights, backend: str = "auto") -> SpladeEncoder | TokenWeightEncoder:
     return TokenWeightEncoder(model) if isinstance(model, TokenWeights) else SpladeEncoder(model, backend=backend)
 
 
-def _static_embedding(root: Path, module: Path) -> TokenWeights:
+def _static_embedding(root: Path, route: QueryRoute) -> TokenWeights:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    file = module / "model.safetensors"
+    file = route.table / "model.safetensors"
     try:
         weight = load_file(file)["weight"]
     except (OSError, SafetensorError, KeyError) as exc:
         raise LsrIndexError(f"{file}: no readable 'weight' tensor for the SparseStaticEmbedding query route "
                             f"({exc})") from exc
-    source = module if (module / "tokenizer.json").is_file() else root
-    tokenizer = _tokenizer(source)
+    tokenizer = _tokenizer(route.tokenizer)
     vocab, _ = tokenizer_terms(tokenizer)
     if weight.dim() != 1 or weight.numel() > len(vocab):
         raise LsrIndexError(f"{file}: query weights of shape {tuple(weight.shape)} do not fit the tokenizer's "

@@ -25,17 +25,19 @@ def load_query_encoder(index: Path, model: str | None, device: str, backend: str
 
 
 def query_encoder(manifest: Manifest, index: Path, model: str | None, device: str, backend: str):
-    """The encoder and quantization that `manifest` records; a different model is refused."""
+    """The query encoder and quantization that `manifest` records (a token-weight table loads no transformer); a
+    model other than the recorded one is refused."""
     import torch
 
-    from .encoder import SpladeEncoder
-    from .models import load_model
+    from .query_models import encoder_for, load_query_model
 
-    loaded = load_model(model or manifest.model["name"], device=device, dtype=torch.float32)
-    if loaded.sha256 != manifest.model["sha256"]:
-        raise LsrIndexError(f"model {model or manifest.model['name']!r} (sha256 {loaded.sha256[:12]}…) is not "
-                            f"the one that encoded {index} (sha256 {manifest.model['sha256'][:12]}…)")
-    return SpladeEncoder(loaded, backend=backend), Quantization(scale=manifest.quantization["scale"])
+    recorded = manifest.query
+    name = model or recorded["name"]
+    loaded = load_query_model(name, device=device, dtype=torch.float32)
+    if loaded.sha256 != recorded["sha256"]:
+        raise LsrIndexError(f"query model {name!r} (sha256 {loaded.sha256[:12]}…) is not the one that encoded "
+                            f"{index}'s queries when it was made (sha256 {recorded['sha256'][:12]}…)")
+    return encoder_for(loaded, backend), Quantization(scale=manifest.quantization["scale"])
 
 
 def encode_queries(encoder, quantization: Quantization, queries: Sequence[tuple[str, str]], max_length: int,

@@ -12,7 +12,14 @@ from test_models_families import TEXTS, _save, _sentence_transformers
 from lsr_index.errors import LsrIndexError
 from lsr_index.model_files import model_sha256
 from lsr_index.models import SpladeModel, load_model
-from lsr_index.query_models import TokenWeightEncoder, TokenWeights, encoder_for, load_query_model
+from lsr_index.query_models import (
+    TokenWeightEncoder,
+    TokenWeights,
+    encoder_for,
+    load_query_model,
+    query_model_record,
+    vocab_sha256,
+)
 
 
 def _by_hand(tokenizer, weights: dict[str, float], text: str) -> dict[str, float]:
@@ -87,3 +94,54 @@ def test_a_malformed_table_is_one_line(tmp_path):
     (path / "query_token_weights.txt").write_text("protein 1.5\n")
     with pytest.raises(LsrIndexError, match=r"line 1: expected term<TAB>weight"):
         load_query_model(str(path))
+
+
+def _job(model, query_model=None, query_max_length=16):
+    from lsr_index.encode_job import EncodeJob, EncodeOptions
+
+    return EncodeJob(inputs=("unused",), model=str(model), query_model=query_model and str(query_model),
+                     options=EncodeOptions(query_max_length=query_max_length))
+
+
+def test_the_record_names_the_query_route_of_each_layout(tmp_path):
+    plain, _, _ = _save("bert", tmp_path / "plain", pickled=False)
+    record = query_model_record(_job(plain))
+    assert record == {"name": str(plain.resolve()), "sha256": model_sha256(plain), "kind": "splade",
+                      "vocab_sha256": vocab_sha256(load_model(str(plain)).vocab)}
+    (plain / "idf.json").write_text(json.dumps({"protein": 2.0}))
+    table = query_model_record(_job(plain))
+    assert table["kind"] == "token_weights" and table["sha256"] == model_sha256(plain) != record["sha256"]
+    assert table["vocab_sha256"] == record["vocab_sha256"]
+    separate, _, _ = _save("bert", tmp_path / "separate", pickled=True, seed=5)
+    chosen = query_model_record(_job(plain, separate))
+    assert chosen["name"] == str(separate.resolve()) and chosen["kind"] == "splade"
+    with pytest.raises(LsrIndexError, match=r"query model .* takes at most 66 tokens; lower --query-max-length"):
+        query_model_record(_job(plain, separate, query_max_length=100))
+
+
+def test_a_query_model_of_another_vocabulary_is_refused(tmp_path):
+    bert, _, _ = _save("bert", tmp_path, pickled=False)
+    roberta, _, _ = _save("roberta", tmp_path, pickled=False)
+    with pytest.raises(LsrIndexError, match=r"vocabulary \(\d+ terms\) differs from the document model's"):
+        query_model_record(_job(bert, roberta))
+
+
+def _manifest(**query_model) -> dict:
+    return {"kind": "lsr-index/vectors", "version": 2, "model": {"name": "m", "sha256": "0" * 64},
+            "encoder": {"doc_max_length": 32, "query_max_length": 16, "dtype": "float32", "backend": "auto"},
+            "quantization": {"scale": 100.0, "top_k": None, "min_weight": 0.0}, "input": {},
+            "output_format": "jsonl", "shard_docs": 10, "shards": [], **query_model}
+
+
+def test_the_manifest_reads_its_query_model_or_defaults_to_the_document_model():
+    from lsr_index.manifest import Manifest
+
+    assert Manifest.from_dict(_manifest(), "m.json").query == {"name": "m", "sha256": "0" * 64}
+    record = {"name": "q", "sha256": "1" * 64, "kind": "token_weights", "vocab_sha256": "2" * 64}
+    assert Manifest.from_dict(_manifest(query_model=record), "m.json").query == record
+    for bad, message in [({**record, "kind": "onnx"}, "'query_model.kind' must be one of splade, token_weights"),
+                         ({"name": "q"}, "'query_model' must be an object with exactly name, sha256, kind"),
+                         ({**record, "sha256": 5}, "'query_model' values must be strings"),
+                         ("q", "'query_model' must be an object")]:
+        with pytest.raises(LsrIndexError, match=f"m.json: malformed manifest: {message}"):
+            Manifest.from_dict(_manifest(query_model=bad), "m.json")
