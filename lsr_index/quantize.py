@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .errors import LsrIndexError
-from .settings import check
+from .settings import DEFAULTS, check
 
 if TYPE_CHECKING:  # torch is imported where vectors are quantized: reading a manifest must not load it
     import torch
@@ -24,9 +24,9 @@ INT32_MAX = 2**31 - 1
 
 @dataclass(frozen=True)
 class Quantization:
-    scale: float = 100.0
-    top_k: int | None = None  # keep at most this many terms per vector (pruning), None: all
-    min_weight: float = 0.0  # drop float weights below this before rounding
+    scale: float = DEFAULTS["scale"]
+    top_k: int | None = DEFAULTS["top_k"]  # keep at most this many terms per vector (pruning), None: all
+    min_weight: float = DEFAULTS["min_weight"]  # drop float weights below this before rounding
 
     def __post_init__(self) -> None:
         for name in ("scale", "top_k", "min_weight"):
