@@ -190,7 +190,10 @@ def test_a_killed_node_loses_nothing(cluster, corpus, reference, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_driver_resumes(cluster, corpus, reference, tmp_path):
+@pytest.mark.parametrize("rerun_on", ["cluster", "one machine"])
+def test_a_killed_driver_resumes(cluster, corpus, reference, tmp_path, rerun_on):
+    """The rerun, on the cluster or on one machine, encodes only what is missing and removes the killed run's
+    attempt directories."""
     out = tmp_path / "v"
     cmd = lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1")
     proc = _run(cmd)
@@ -201,6 +204,9 @@ def test_a_killed_driver_resumes(cluster, corpus, reference, tmp_path):
     proc.communicate()
     published = _shards(out)
     assert 2 <= published < 12, published
+    assert list((out / "shards").glob(".attempt-*")), "the killed driver left no attempt to clean up"
+    if rerun_on == "one machine":
+        cmd = lsr(str(corpus), "-o", str(out), *SETTINGS, "--device", "cpu")
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=480)
     assert again.returncode == 0, again.stderr
     stats = _same_output(out, reference)
