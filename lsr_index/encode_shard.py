@@ -120,19 +120,16 @@ class _ShardSink:
     """Writes on its own thread, in piece order; checkpoints a shard at the first piece end past
     `checkpoint_seconds` and publishes it with its last piece.
 
-    With `serializers` > 0, JSON/gzip serialization of each piece runs in that many processes (it is
+    With a `pool` (its encoder's serializer processes), JSON/gzip serialization of each piece runs there (it is
     per-document Python work that would otherwise hold the GIL the encoder needs); the writer thread
     appends their bytes in order.
     """
 
     def __init__(self, out: Path, job: EncodeJob, vocab: np.ndarray, emit: Callable[[Part], None],
-                 serializers: int, assignment: Assignment):
+                 pool: ProcessPoolExecutor | None, serializers: int, assignment: Assignment):
         self.out, self.job, self.vocab, self.emit, self.assignment = out, job, vocab, emit, assignment
         self.fmt = job.options.output_format
-        self.pool = None
-        if serializers and self.fmt != "parquet":
-            self.pool = ProcessPoolExecutor(serializers, mp_context=mp.get_context("spawn"),
-                                            initializer=serializer_init, initargs=(vocab.tolist(),))
+        self.pool = pool
         self.queue: queue.Queue = queue.Queue(maxsize=2 * serializers + 4)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._work, daemon=True)
@@ -148,8 +145,6 @@ class _ShardSink:
     def close(self, wait: bool = True) -> None:
         self.queue.put(None)
         self.thread.join()
-        if self.pool:
-            self.pool.shutdown(wait=wait, cancel_futures=not wait)
         if self.error and wait:
             raise self.error
 
@@ -233,8 +228,18 @@ class ShardEncoder:
         self.job, self.device, self.loaded_at = job, device, time.time()
         self.vocab = np.array(model.vocab, dtype=object)
         self.encoder = SpladeEncoder(model, max_tokens=job.options.max_tokens, backend=job.options.backend)
-        # a GPU outpaces the JSON/gzip serialization of its vectors: half its host cores serialize beside it
+        # a GPU outpaces the JSON/gzip serialization of its vectors: half its host cores serialize beside it, in
+        # processes started once (a cluster's encoder runs the task once per shard)
         self.serializers = min(8, max(1, cores // 2)) if device.startswith("cuda") else 0
+        self.pool = None
+        if self.serializers and job.options.output_format != "parquet":
+            self.pool = ProcessPoolExecutor(self.serializers, mp_context=mp.get_context("spawn"),
+                                            initializer=serializer_init, initargs=(list(model.vocab),))
+
+    def close(self, wait: bool = True) -> None:
+        """End the serializer processes (`wait=False`: after a failure, dropping queued work)."""
+        if self.pool:
+            self.pool.shutdown(wait=wait, cancel_futures=not wait)
 
     def run(self, out: Path, assignment: Assignment, emit: Callable[[Part], None],
             progress: Callable[[int, int], None], source: Iterable[Piece] | None = None) -> WorkerResult:
@@ -263,7 +268,7 @@ class ShardEncoder:
                 tokens = encoder.tokenize(texts, options.doc_max_length)
                 yield piece, ids, tokens, _piece_stats(encoder, job, piece.start, ids, texts, tokens)
 
-        sink = _ShardSink(out, job, self.vocab, emit, self.serializers, assignment)
+        sink = _ShardSink(out, job, self.vocab, emit, self.pool, self.serializers, assignment)
         try:
             for piece, ids, token_ids, stats in prefetch(tokenized()):
                 ready_at = ready_at or time.time()

@@ -7,7 +7,8 @@ import multiprocessing as mp
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .encode_job import EncodeJob
@@ -18,7 +19,20 @@ from .manifest import Part
 
 def run_in_process(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
                    on_part: Callable[[Part], None], on_progress: Callable[[int, int], None]) -> list[WorkerResult]:
-    return [ShardEncoder(job, devices[0], os.cpu_count() or 1).run(out, assignment, on_part, on_progress)]
+    encoder = ShardEncoder(job, devices[0], os.cpu_count() or 1)
+    with _closing(encoder):
+        return [encoder.run(out, assignment, on_part, on_progress)]
+
+
+@contextmanager
+def _closing(encoder: ShardEncoder) -> Iterator[ShardEncoder]:
+    """Its serializer processes end with the task: waited for after success, dropped after a failure."""
+    try:
+        yield encoder
+    except BaseException:
+        encoder.close(wait=False)
+        raise
+    encoder.close()
 
 
 def _worker_main(job, out, device, assignment, messages) -> None:
@@ -29,9 +43,9 @@ def _worker_main(job, out, device, assignment, messages) -> None:
     os.environ.setdefault("RAYON_NUM_THREADS", str(cores))
     threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
     try:
-        result = ShardEncoder(job, device, cores).run(
-            out, assignment, emit=lambda part: messages.put(("part", part)),
-            progress=lambda docs, tokens: messages.put(("progress", (docs, tokens))))
+        with _closing(ShardEncoder(job, device, cores)) as encoder:
+            result = encoder.run(out, assignment, emit=lambda part: messages.put(("part", part)),
+                                 progress=lambda docs, tokens: messages.put(("progress", (docs, tokens))))
         messages.put(("done", result))
     except LsrIndexError as exc:
         messages.put(("error", str(exc)))
