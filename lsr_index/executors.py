@@ -19,8 +19,7 @@ from .manifest import Part
 
 def run_in_process(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
                    on_part: Callable[[Part], None], on_progress: Callable[[int, int], None]) -> list[WorkerResult]:
-    encoder = ShardEncoder(job, devices[0], os.cpu_count() or 1)
-    with _closing(encoder):
+    with _closing(ShardEncoder(job, devices[0], os.cpu_count() or 1)) as encoder:
         return [encoder.run(out, assignment, on_part, on_progress)]
 
 
