@@ -12,7 +12,10 @@ files the manifest does not list are this command's own leftovers, deleted and e
 from __future__ import annotations
 
 import resource
+import shutil
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
@@ -23,7 +26,7 @@ from .encode_shard import Assignment, WorkerResult
 from .errors import LsrIndexError
 from .executors import run_in_process, run_local_workers
 from .manifest import MANIFEST, Chunk, Manifest, Part, Shard
-from .writers import SHARDS, is_ours, is_temporary
+from .writers import SHARDS, is_attempt, is_ours, is_temporary
 
 __all__ = ["EncodeJob", "EncodeOptions", "encode_corpus"]
 
@@ -121,13 +124,16 @@ class Plan:
         m.shards, m.chunks = keep_shards, keep_chunks
 
     def _remove_leftovers(self) -> None:
-        """Shard files, chunks and temporaries the manifest does not list: ours (by name), from a killed run."""
+        """Shard files, chunks, temporaries and cluster attempts the manifest does not list: ours (by name), from a
+        killed run."""
         listed = {p.file for p in [*self.manifest.shards, *self.manifest.chunks]}
         shards = self.out / SHARDS
         shards.mkdir(exist_ok=True)
         for entry in shards.iterdir():
             if is_ours(entry.name) and f"{SHARDS}/{entry.name}" not in listed and not entry.is_dir():
                 entry.unlink()
+            elif is_attempt(entry.name) and entry.is_dir() and not entry.is_symlink():  # a killed cluster driver's
+                shutil.rmtree(entry)
         for entry in self.out.glob(f".{MANIFEST}.*.tmp"):
             entry.unlink()
 
@@ -213,10 +219,8 @@ def _refuse_foreign_places(job: EncodeJob, out: Path) -> None:
                                 "outside the inputs")
 
 
-def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)) -> Manifest:
-    """Encode `job` into `out`, resuming whatever an earlier run left; one worker per device."""
-    from tqdm import tqdm
-
+def fresh_manifest(job: EncodeJob) -> Manifest:
+    """The manifest a new run of `job` starts from (its settings: what a resumed run must match)."""
     from .model_files import model_sha256
     from .models import EMBEDDED, max_length, resolve_model
     from .query_models import query_model_record
@@ -228,7 +232,7 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
         raise LsrIndexError(f"model {job.model} takes at most {limit} tokens; lower --doc-max-length "
                             f"({options.doc_max_length}) or --query-max-length ({options.query_max_length})")
     reader = job.reader()
-    fresh = Manifest(
+    return Manifest(
         model={"name": job.model if job.model in EMBEDDED else str(model_path.resolve()),
                "sha256": model_sha256(model_path)},
         encoder={"doc_max_length": options.doc_max_length, "query_max_length": options.query_max_length,
@@ -238,10 +242,29 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
                "fields": {"id": reader.fields.id, "text": list(reader.fields.text or []) or None},
                "on_error": job.on_error},
         shard_docs=options.shard_docs, query_model=query_model_record(job))
+
+
+@contextmanager
+def planned(job: EncodeJob, out: Path) -> Iterator[Plan]:
+    """`out` locked and its plan opened, for any executor; what was recorded before an error or Ctrl-C is saved."""
+    fresh = fresh_manifest(job)
     _refuse_foreign_places(job, out)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out):
         plan = Plan.open(out, job, fresh)
+        try:
+            yield plan
+        finally:
+            if plan.dirty:
+                plan.save()
+
+
+def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)) -> Manifest:
+    """Encode `job` into `out`, resuming whatever an earlier run left; one worker per device."""
+    from tqdm import tqdm
+
+    options = job.options
+    with planned(job, out) as plan:
         resumed_at = plan.manifest.docs + sum(c.docs for c in plan.manifest.chunks)
         t0, started_at = time.perf_counter(), time.time()
         bar = tqdm(desc="encode", unit=" doc", initial=resumed_at, dynamic_ncols=True,
@@ -263,6 +286,4 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
                                             plan.flush_if_due)
         finally:
             bar.close()
-            if plan.dirty:  # what finished before an error or Ctrl-C stays recorded
-                plan.save()
         return plan.finish(results, resumed_at, time.perf_counter() - t0, started_at)

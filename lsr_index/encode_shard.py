@@ -1,6 +1,7 @@
-"""The one encode task: "encode the shards assigned to me of this job", run in-process, in a local worker process,
-or by any other executor. It reads the stream, encodes the pieces of its shards that are not checkpointed yet, and
-reports each checkpoint (a Chunk) and each finished shard (a Shard) through `emit`; it never touches the manifest.
+"""The one encode task: "encode the shards assigned to me of this job" (ShardEncoder.run), run in-process, in a local
+worker process, or by a cluster's actor (which loads the model once and runs the task once per shard). It encodes
+the pieces of its shards that are not checkpointed yet, and reports each checkpoint (a Chunk) and each finished
+shard (a Shard) through `emit`; it never touches the manifest.
 
 Within a task, reading+tokenizing, the model, and serializing+writing run in three threads.
 """
@@ -9,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing as mp
-import os
 import queue
 import threading
 import time
@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 
+from .corpus import CorpusReader
 from .encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
 from .errors import LsrIndexError
 from .manifest import Chunk, Part, Shard
@@ -119,19 +120,16 @@ class _ShardSink:
     """Writes on its own thread, in piece order; checkpoints a shard at the first piece end past
     `checkpoint_seconds` and publishes it with its last piece.
 
-    With `serializers` > 0, JSON/gzip serialization of each piece runs in that many processes (it is
+    With a `pool` (its encoder's serializer processes), JSON/gzip serialization of each piece runs there (it is
     per-document Python work that would otherwise hold the GIL the encoder needs); the writer thread
     appends their bytes in order.
     """
 
     def __init__(self, out: Path, job: EncodeJob, vocab: np.ndarray, emit: Callable[[Part], None],
-                 serializers: int, assignment: Assignment):
+                 pool: ProcessPoolExecutor | None, serializers: int, assignment: Assignment):
         self.out, self.job, self.vocab, self.emit, self.assignment = out, job, vocab, emit, assignment
         self.fmt = job.options.output_format
-        self.pool = None
-        if serializers and self.fmt != "parquet":
-            self.pool = ProcessPoolExecutor(serializers, mp_context=mp.get_context("spawn"),
-                                            initializer=serializer_init, initargs=(vocab.tolist(),))
+        self.pool = pool
         self.queue: queue.Queue = queue.Queue(maxsize=2 * serializers + 4)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._work, daemon=True)
@@ -147,8 +145,6 @@ class _ShardSink:
     def close(self, wait: bool = True) -> None:
         self.queue.put(None)
         self.thread.join()
-        if self.pool:
-            self.pool.shutdown(wait=wait, cancel_futures=not wait)
         if self.error and wait:
             raise self.error
 
@@ -214,65 +210,89 @@ class _ShardSink:
                      longest=stats.longest, capped=stats.capped)
 
 
-def encode_shards(job: EncodeJob, out: Path, device: str, assignment: Assignment, emit: Callable[[Part], None],
-                  progress: Callable[[int, int], None]) -> WorkerResult:
-    """Encode the shards of `assignment`; `emit` receives each checkpoint and each finished shard, in order."""
-    import torch
+class ShardEncoder:
+    """The model on one device, loaded once: a local worker runs it once, a cluster's actor once per shard."""
 
-    from .encoder import SpladeEncoder
-    from .models import load_model
+    def __init__(self, job: EncodeJob, device: str, cores: int):
+        import torch
 
-    options = job.options
-    ready_at = 0.0
-    if device.startswith("cuda"):
-        torch.cuda.set_device(device)  # Triton launches on the current device, not the tensors'
-    else:
-        _reuse_freed_memory()
-    model = load_model(job.model, device=device, dtype=getattr(torch, job.dtype))
-    check_vocab(model.vocab)
-    loaded_at = time.time()
-    encoder = SpladeEncoder(model, max_tokens=options.max_tokens, backend=options.backend)
-    reader = job.reader()
-    resume_at = {k: chunks[-1].end for k, chunks in assignment.chunks.items() if chunks}
+        from .encoder import SpladeEncoder
+        from .models import load_model
 
-    def tokenized() -> Iterator[tuple[Piece, list[str] | None, Tokens | None, _Stats]]:
-        for piece in pieces(reader, options.shard_docs):
-            if not assignment.mine(piece.shard):  # another worker's, or published: read (to count) only
-                continue
-            checkpointed = resume_at.get(piece.shard, 0)
-            if piece.end <= checkpointed:
-                if piece.last:
-                    yield piece, None, None, _Stats()
-                continue
-            if piece.start < checkpointed:
-                raise LsrIndexError(f"shard {piece.shard}'s checkpoint ends inside a batch (document "
-                                    f"{checkpointed}): the input changed during the run? Rerun to re-verify it")
-            ids, texts = piece.rows.column("id").to_pylist(), piece.rows.column("text").to_pylist()
-            tokens = encoder.tokenize(texts, options.doc_max_length)
-            yield piece, ids, tokens, _piece_stats(encoder, job, piece.start, ids, texts, tokens)
+        if device.startswith("cuda"):
+            torch.cuda.set_device(device)  # Triton launches on the current device, not the tensors'
+        else:
+            _reuse_freed_memory()
+        model = load_model(job.model, device=device, dtype=getattr(torch, job.dtype))
+        check_vocab(model.vocab)
+        self.job, self.device, self.loaded_at = job, device, time.time()
+        self.vocab = np.array(model.vocab, dtype=object)
+        self.encoder = SpladeEncoder(model, max_tokens=job.options.max_tokens, backend=job.options.backend)
+        # a GPU outpaces the JSON/gzip serialization of its vectors: half its host cores serialize beside it, in
+        # processes started once (a cluster's encoder runs the task once per shard)
+        self.serializers = min(8, max(1, cores // 2)) if device.startswith("cuda") else 0
+        self.pool = None
+        if self.serializers and job.options.output_format != "parquet":
+            self.pool = ProcessPoolExecutor(self.serializers, mp_context=mp.get_context("spawn"),
+                                            initializer=serializer_init, initargs=(list(model.vocab),))
 
-    cores = max(1, (os.cpu_count() or 1) // (2 * assignment.workers))
-    sink = _ShardSink(out, job, np.array(model.vocab, dtype=object), emit,
-                      serializers=min(8, cores) if device.startswith("cuda") else 0, assignment=assignment)
-    try:
-        for piece, ids, token_ids, stats in prefetch(tokenized()):
-            ready_at = ready_at or time.time()
-            vectors = None
-            if ids is not None:
-                parts = []
-                for pos, part in encoder.encode_ids(token_ids, then=lambda w: quantize(w, options.quantization)):
-                    parts.append((pos, part))
-                    progress(len(pos), int(token_ids.lengths[pos].sum()))
-                vectors = SparseVectors.stack(parts, len(ids))
-            sink.put(piece, ids, vectors, stats)
-    except BaseException:
-        sink.close(wait=False)
-        raise
-    sink.close()
-    skipped = [{"file": s.path, "line": s.where, "id": s.doc_id, "reason": s.reason} for s in reader.skipped]
-    return WorkerResult(total_docs=reader.n_docs, tokens=encoder.n_tokens, skipped=skipped,
-                        worker=assignment.worker, device=device, docs=encoder.n_docs, loaded_at=loaded_at,
-                        ready_at=ready_at or time.time(), done_at=time.time())
+    def close(self, wait: bool = True) -> None:
+        """End the serializer processes (`wait=False`: after a failure, dropping queued work)."""
+        if self.pool:
+            self.pool.shutdown(wait=wait, cancel_futures=not wait)
+
+    def run(self, out: Path, assignment: Assignment, emit: Callable[[Part], None],
+            progress: Callable[[int, int], None], source: Iterable[Piece] | None = None) -> WorkerResult:
+        """Encode the shards of `assignment` into `out`; `emit` receives each checkpoint and each finished shard, in
+        order. Without `source` the task reads the whole stream itself (to number documents, skipping the pieces of
+        other shards); with one (pieces a driver read, all of them to encode) it reads nothing, and the stream's
+        total and skipped records are the driver's to report."""
+        job, encoder, options = self.job, self.encoder, self.job.options
+        docs0, tokens0, ready_at = encoder.n_docs, encoder.n_tokens, 0.0
+        reader = job.reader() if source is None else None
+        resume_at = {k: chunks[-1].end for k, chunks in assignment.chunks.items() if chunks}
+
+        def tokenized() -> Iterator[tuple[Piece, list[str] | None, Tokens | None, _Stats]]:
+            for piece in pieces(reader, options.shard_docs) if source is None else source:
+                if not assignment.mine(piece.shard):  # another worker's, or published: read (to count) only
+                    continue
+                checkpointed = resume_at.get(piece.shard, 0)
+                if piece.end <= checkpointed:
+                    if piece.last:
+                        yield piece, None, None, _Stats()
+                    continue
+                if piece.start < checkpointed:
+                    raise LsrIndexError(f"shard {piece.shard}'s checkpoint ends inside a batch (document "
+                                        f"{checkpointed}): the input changed during the run? Rerun to re-verify it")
+                ids, texts = piece.rows.column("id").to_pylist(), piece.rows.column("text").to_pylist()
+                tokens = encoder.tokenize(texts, options.doc_max_length)
+                yield piece, ids, tokens, _piece_stats(encoder, job, piece.start, ids, texts, tokens)
+
+        sink = _ShardSink(out, job, self.vocab, emit, self.pool, self.serializers, assignment)
+        try:
+            for piece, ids, token_ids, stats in prefetch(tokenized()):
+                ready_at = ready_at or time.time()
+                vectors = None
+                if ids is not None:
+                    parts = []
+                    for pos, part in encoder.encode_ids(token_ids, then=lambda w: quantize(w, options.quantization)):
+                        parts.append((pos, part))
+                        progress(len(pos), int(token_ids.lengths[pos].sum()))
+                    vectors = SparseVectors.stack(parts, len(ids))
+                sink.put(piece, ids, vectors, stats)
+        except BaseException:
+            sink.close(wait=False)
+            raise
+        sink.close()
+        return WorkerResult(total_docs=reader.n_docs if reader else 0, tokens=encoder.n_tokens - tokens0,
+                            skipped=skipped_records(reader) if reader else [], worker=assignment.worker,
+                            device=self.device, docs=encoder.n_docs - docs0, loaded_at=self.loaded_at,
+                            ready_at=ready_at or time.time(), done_at=time.time())
+
+
+def skipped_records(reader: CorpusReader) -> list[dict]:
+    """The records a reader skipped, as the skipped report lists them."""
+    return [{"file": s.path, "line": s.where, "id": s.doc_id, "reason": s.reason} for s in reader.skipped]
 
 
 def _reuse_freed_memory() -> None:

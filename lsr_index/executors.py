@@ -1,5 +1,5 @@
-"""Executors only schedule: each runs the one encode task (encode_shard.encode_shards) on its devices and hands
-every event back to the planner, which alone writes the manifest."""
+"""Executors only schedule: each runs the one encode task (encode_shard.ShardEncoder) on its devices and hands
+every event back to the planner, which alone writes the manifest (ray_executor.py is the cluster's executor)."""
 
 from __future__ import annotations
 
@@ -7,29 +7,44 @@ import multiprocessing as mp
 import os
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from .encode_job import EncodeJob
-from .encode_shard import Assignment, WorkerResult, encode_shards
+from .encode_shard import Assignment, ShardEncoder, WorkerResult
 from .errors import LsrIndexError
 from .manifest import Part
 
 
 def run_in_process(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
                    on_part: Callable[[Part], None], on_progress: Callable[[int, int], None]) -> list[WorkerResult]:
-    return [encode_shards(job, out, devices[0], assignment, on_part, on_progress)]
+    with _closing(ShardEncoder(job, devices[0], os.cpu_count() or 1)) as encoder:
+        return [encoder.run(out, assignment, on_part, on_progress)]
+
+
+@contextmanager
+def _closing(encoder: ShardEncoder) -> Iterator[ShardEncoder]:
+    """Its serializer processes end with the task: waited for after success, dropped after a failure."""
+    try:
+        yield encoder
+    except BaseException:
+        encoder.close(wait=False)
+        raise
+    encoder.close()
 
 
 def _worker_main(job, out, device, assignment, messages) -> None:
     """Process entry point: everything goes back to the parent as messages."""
     parent = mp.parent_process()  # a worker must not outlive its parent and write beside a rerun
+    cores = max(1, (os.cpu_count() or 1) // assignment.workers)
     # the Rust tokenizer's thread pool takes every core by default: W workers would oversubscribe them W times
-    os.environ.setdefault("RAYON_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // assignment.workers)))
+    os.environ.setdefault("RAYON_NUM_THREADS", str(cores))
     threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
     try:
-        result = encode_shards(job, out, device, assignment, emit=lambda part: messages.put(("part", part)),
-                               progress=lambda docs, tokens: messages.put(("progress", (docs, tokens))))
+        with _closing(ShardEncoder(job, device, cores)) as encoder:
+            result = encoder.run(out, assignment, emit=lambda part: messages.put(("part", part)),
+                                 progress=lambda docs, tokens: messages.put(("progress", (docs, tokens))))
         messages.put(("done", result))
     except LsrIndexError as exc:
         messages.put(("error", str(exc)))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import os
 import re
 import shutil
@@ -24,120 +25,23 @@ import sys
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-
-from .corpus import CorpusReader
-from .encode_corpus import SHARDS, EncodeJob, WorkerResult, prefetch
+from .durable import fsync_directory
+from .encode_corpus import Plan, planned
+from .encode_job import EncodeJob, Piece, pieces
+from .encode_shard import Assignment, ShardEncoder, WorkerResult, prefetch, skipped_records
 from .errors import LsrIndexError
-from .manifest import Manifest, Shard, exclusive_lock, fsync_directory
+from .manifest import Manifest, Shard
+from .writers import SHARDS, attempt_dir, shard_file
 
 INSTALL = "pip install 'lsr-index[ray]'"
-ATTEMPT = ".attempt-"  # shards/.attempt-<shard>-<token>/: one dispatch's private output
 QUEUED_PER_ACTOR = 2  # one encoding, one whose documents are already on their way
 READ_AHEAD = 4  # shards read and cut ahead of dispatch (the driver's memory: ~(2·actors + 4) shards of text)
 MAX_LOSSES = 3  # actors a shard may take down before it is blamed (a document that exhausts memory)
 _ADDRESS = re.compile(r"^(auto|local|ray://\S+|[\w.\-]+:\d+|\[[0-9a-fA-F:]+\]:\d+)$")
-
-
-# --- adapter onto today's encode_corpus.py; the encode split's planner and shard task replace this section ---
-
-
-def shard_name(shard: int, fmt: str) -> str:
-    return f"part-{shard:05d}.{fmt}"
-
-
-def open_job(job: EncodeJob, out: Path) -> Manifest:
-    """Check the settings, then start, resume or refuse `out` (the caller holds its lock), as one machine does."""
-    from .encode_corpus import _describe_input, _open_output
-    from .models import EMBEDDED, max_length, resolve_model, weights_sha256
-
-    options = job.options
-    model_path = resolve_model(job.model)
-    limit = max_length(model_path)
-    if limit and max(options.doc_max_length, options.query_max_length) > limit:
-        raise LsrIndexError(f"model {job.model} takes at most {limit} tokens; lower --doc-max-length "
-                            f"({options.doc_max_length}) or --query-max-length ({options.query_max_length})")
-    fresh = Manifest(
-        model={"name": job.model if job.model in EMBEDDED else str(model_path.resolve()),
-               "sha256": weights_sha256(model_path)},
-        encoder={"doc_max_length": options.doc_max_length, "query_max_length": options.query_max_length,
-                 "dtype": job.dtype, "backend": options.backend},
-        quantization=options.quantization.to_dict(), input=_describe_input(job), output_format=options.output_format,
-        shard_docs=options.shard_docs)
-    manifest = _open_output(out, fresh, options.overwrite)
-    (out / SHARDS).mkdir(exist_ok=True)
-    for stale in [*(out / SHARDS).glob(".*.tmp"), *out.glob(".manifest.json.*.tmp")]:  # left by a kill
-        stale.unlink()
-    for stale in (out / SHARDS).glob(ATTEMPT + "*"):  # left by a killed driver
-        shutil.rmtree(stale, ignore_errors=True)
-    manifest.complete = False
-    manifest.save(out)
-    return manifest
-
-
-def pending_shards(reader: CorpusReader, shard_docs: int, done: frozenset[int]
-                   ) -> Iterator[tuple[int, list[pa.RecordBatch]]]:
-    """(shard, its batches) for every shard not in `done`: the reader's batches cut at shard edges, as
-    `encode_corpus._encode_shards` cuts them (the same pieces, so the same forward passes)."""
-    position, current, pieces = 0, -1, []
-    for batch in reader:
-        start, position = position, position + batch.num_rows
-        lo = start
-        while lo < position:
-            shard = lo // shard_docs
-            hi = min(position, (shard + 1) * shard_docs)
-            if shard != current:
-                if pieces:
-                    yield current, pieces
-                current, pieces = shard, []
-            if shard not in done:
-                pieces.append(batch.slice(lo - start, hi - lo))
-            lo = hi
-    if pieces:
-        yield current, pieces
-
-
-class ShardTask:
-    """Encode shard k from its documents into a directory, with the model loaded once (per actor)."""
-
-    def __init__(self, job: EncodeJob, device: str):
-        import torch
-
-        from .encoder import SpladeEncoder
-        from .models import load_model
-        from .writers import check_vocab
-
-        if device.startswith("cuda"):
-            torch.cuda.set_device(device)  # Triton launches on the current device, not the tensors'
-        model = load_model(job.model, device=device, dtype=getattr(torch, job.dtype))
-        check_vocab(model.vocab)
-        self.job, self.vocab = job, np.array(model.vocab, dtype=object)
-        self.encoder = SpladeEncoder(model, max_tokens=job.options.max_tokens, backend=job.options.backend)
-
-    def run(self, shard: int, pieces: list[pa.RecordBatch], directory: Path, root: Path) -> Shard:
-        from .quantize import SparseVectors, quantize
-        from .writers import ShardWriter
-
-        options = self.job.options
-        writer = ShardWriter(directory / shard_name(shard, options.output_format), options.output_format, self.vocab)
-        try:
-            for rows in pieces:
-                tokens = self.encoder.tokenize(rows.column("text").to_pylist(), options.doc_max_length)
-                parts = list(self.encoder.encode_ids(tokens, then=lambda w: quantize(w, options.quantization)))
-                writer.add(rows.column("id").to_pylist(), SparseVectors.stack(parts, rows.num_rows))
-            return writer.finish(shard * options.shard_docs, root)
-        except BaseException:
-            writer.abort()
-            raise
-
-
-# --- end of the adapter ---
 
 
 def check_address(address: str) -> str | None:
@@ -160,27 +64,29 @@ class EncoderActor:
         torch.set_num_threads(threads)
         self.node, self.device, self.error, self.task = node, device, None, None
         try:
-            self.task = ShardTask(job, device)
+            self.task = ShardEncoder(job, device, threads)
         except Exception as exc:  # raised by ready(), where the driver waits for it
             self.error = f"{self.node}: cannot start an encoder on {device}: {_describe(exc)}"
-        self.loaded_at = time.time()
 
     def ready(self) -> dict:
         if self.error:
             raise LsrIndexError(self.error)
-        return {"loaded_at": self.loaded_at}
+        return {"loaded_at": self.task.loaded_at}
 
-    def encode(self, shard: int, pieces: list[pa.RecordBatch], directory: str, root: str) -> dict:
+    def encode(self, shard: int, source: list[Piece], directory: str) -> dict:
+        """Encode one shard from the driver's pieces into its attempt directory: the shard task of one machine,
+        with `directory` as its output directory."""
         began = time.time()
-        if not Path(directory).is_dir():  # the driver made it: this node does not see the output directory
+        if not (Path(directory) / SHARDS).is_dir():  # the driver made it: this node does not see the output
             raise LsrIndexError(f"{self.node}, shard {shard}: {directory} is not visible here; the output directory "
                                 "must be on a file system every node mounts at the same path")
-        tokens = self.task.encoder.n_tokens
+        parts: list[Shard] = []  # checkpointing is off: the one part is the finished shard
         try:
-            record = self.task.run(shard, pieces, Path(directory), Path(root))
+            result = self.task.run(Path(directory), Assignment(), parts.append, lambda docs, tokens: None, source)
         except Exception as exc:
             raise LsrIndexError(f"{self.node}, shard {shard}: {_describe(exc)}") from None
-        return {"shard": record, "tokens": self.task.encoder.n_tokens - tokens, "began": began, "ended": time.time()}
+        [record] = parts
+        return {"shard": record, "tokens": result.tokens, "began": began, "ended": time.time()}
 
 
 def _describe(exc: BaseException) -> str:
@@ -206,7 +112,7 @@ class _Encoder:
 @dataclass
 class _Attempt:
     shard: int
-    pieces: Any  # ObjectRef of the shard's list of RecordBatches
+    source: Any  # ObjectRef of the shard's list of Pieces
     losses: int = 0  # actors lost while encoding it
     directory: Path | None = None
     encoder: _Encoder | None = None
@@ -251,21 +157,19 @@ class RayCluster:
 
     def encode(self, job: EncodeJob, out: Path) -> Manifest:
         """Encode `job` into `out` (shared by every node), resuming whatever an earlier run left."""
-        out = out.resolve()
-        out.mkdir(parents=True, exist_ok=True)
         try:
-            with exclusive_lock(out):
-                manifest = open_job(job, out)
-                return _Run(self, job, out, manifest).go()
+            with planned(job, out.resolve()) as plan:
+                return _Run(self, job, out.resolve(), plan).go()
         finally:
             self.ray.shutdown()  # ends this job's actors; stops the cluster only if ray.init started it
 
 
 class _Run:
-    def __init__(self, cluster: RayCluster, job: EncodeJob, out: Path, manifest: Manifest):
-        self.ray, self.job, self.out, self.manifest = cluster.ray, job, out, manifest
-        self.done = frozenset(s.start // job.options.shard_docs for s in manifest.shards)
-        self.resumed_at = manifest.docs
+    def __init__(self, cluster: RayCluster, job: EncodeJob, out: Path, plan: Plan):
+        self.ray, self.job, self.out, self.plan = cluster.ray, job, out, plan
+        self.done = plan.assignment().done
+        # a shard checkpointed by a one-machine run is encoded whole again here: only published shards are resumed
+        self.resumed_at = plan.manifest.docs
         self.published = set(self.done)
         self.queue: deque[_Attempt] = deque()
         self.inflight: dict[Any, _Attempt] = {}  # encode() ref → its attempt
@@ -274,6 +178,9 @@ class _Run:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         actor = self.ray.remote(max_restarts=0, max_task_retries=0)(EncoderActor)
+        # no checkpoints: they would die with their attempt's directory (a lost shard restarts on another actor),
+        # so on a cluster a shard is the unit of resume (the largest finite setting: never)
+        job = dataclasses.replace(job, options=dataclasses.replace(job.options, checkpoint_seconds=sys.float_info.max))
         for node_id, device, threads, resources in cluster.plan:
             handle = actor.options(**resources, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
                                    ).remote(job, device, threads, cluster.names[node_id])
@@ -284,10 +191,9 @@ class _Run:
     def go(self) -> Manifest:
         from tqdm import tqdm
 
-        from .encode_corpus import _finish
-
         reader = self.job.reader()
-        stream = prefetch(pending_shards(reader, self.job.options.shard_docs, self.done), depth=READ_AHEAD)
+        shards = itertools.groupby(pieces(reader, self.job.options.shard_docs), key=lambda piece: piece.shard)
+        stream = prefetch(((k, list(group)) for k, group in shards if k not in self.done), depth=READ_AHEAD)
         t0, started_at = time.perf_counter(), time.time()
         self.bar = tqdm(desc="encode", unit=" doc", initial=self.resumed_at, dynamic_ncols=True,
                         disable=None if self.job.options.progress else True)
@@ -314,20 +220,21 @@ class _Run:
                         self._started(ref)
                     else:
                         self._finished(ref)
+                self.plan.flush_if_due()
         finally:
             self.bar.close()
             for attempt in self.inflight.values():
                 self._retire(attempt)
         seconds = time.perf_counter() - t0
-        skipped = [{"file": s.path, "line": s.where, "id": s.doc_id, "reason": s.reason} for s in reader.skipped]
+        skipped = skipped_records(reader)
         results = [WorkerResult(total_docs=reader.n_docs, tokens=e.tokens, skipped=skipped, worker=i,
                                 device=f"{e.device} on {e.name}", docs=e.docs,
                                 loaded_at=e.loaded_at or started_at, ready_at=e.began or started_at,
                                 done_at=e.ended or started_at)
                    for i, e in enumerate(self.encoders)]
-        manifest = _finish(self.out, self.manifest, results, self.resumed_at, seconds, started_at)
+        manifest = self.plan.finish(results, self.resumed_at, seconds, started_at)
         manifest.stats["per_node"] = self._per_node(seconds)
-        manifest.save(self.out)
+        self.plan.save()
         if self.job.options.progress:
             for node in manifest.stats["per_node"]:
                 print(f"{node['node']}: {node['encoders']} encoder(s), {node['docs']:,} docs, "
@@ -338,11 +245,10 @@ class _Run:
         for encoder in sorted(live, key=lambda e: len(e.inflight)):
             while self.queue and len(encoder.inflight) < QUEUED_PER_ACTOR:
                 attempt = self.queue.popleft()
-                attempt.directory = self.out / SHARDS / f"{ATTEMPT}{attempt.shard:05d}-{uuid.uuid4().hex[:12]}"
-                attempt.directory.mkdir()
+                attempt.directory = self.out / attempt_dir(attempt.shard, uuid.uuid4().hex[:12])
+                (attempt.directory / SHARDS).mkdir(parents=True)
                 attempt.encoder = encoder
-                ref = encoder.handle.encode.remote(attempt.shard, attempt.pieces, str(attempt.directory),
-                                                   str(self.out))
+                ref = encoder.handle.encode.remote(attempt.shard, attempt.source, str(attempt.directory))
                 encoder.inflight.append(ref)
                 self.inflight[ref] = attempt
 
@@ -412,12 +318,10 @@ class _Run:
             self._retire(attempt)
             return
         self.published.add(attempt.shard)
-        final = self.out / SHARDS / shard_name(attempt.shard, self.job.options.output_format)
-        os.replace(self.out / shard.file, final)
-        fsync_directory(final.parent)
-        self.manifest.shards.append(dataclasses.replace(shard, file=final.relative_to(self.out).as_posix()))
-        self.manifest.shards.sort(key=lambda s: s.start)
-        self.manifest.save(self.out)
+        name = shard_file(attempt.shard, self.job.options.output_format)  # the same name inside the attempt
+        os.replace(attempt.directory / name, self.out / name)
+        fsync_directory((self.out / name).parent)
+        self.plan.record(shard)
         self._retire(attempt)
         self.bar.update(shard.docs)
         live = [e for e in self.encoders if e.ready and not e.lost]

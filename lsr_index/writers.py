@@ -2,7 +2,8 @@
 
 This module alone knows the shard format and its file names: shard k is `shards/part-NNNNN.<fmt>`; while it
 is being encoded, its checkpoints are hidden chunk files `shards/.part-NNNNN.<start>.<fmt>.chunk`, concatenated
-into the shard when it ends (the same bytes as one uninterrupted write). Every file is written under a hidden
+into the shard when it ends (the same bytes as one uninterrupted write). On a cluster, each dispatch of shard k
+writes into its own directory `shards/.attempt-NNNNN-<token>/` first. Every file is written under a hidden
 temporary name, created new (never through a link, never over another file), and renamed only once complete
 and fsynced, so a crash never leaves a file that looks finished; its checksum then goes into the manifest.
 """
@@ -32,6 +33,7 @@ from .quantize import SparseVectors
 from .settings import FORMATS
 
 SHARDS = "shards"
+_ATTEMPT = ".attempt-"
 _SHARD_NAME = re.compile(r"part-\d{5,}\.(jsonl|jsonl\.gz|parquet)")
 
 
@@ -43,6 +45,17 @@ def shard_file(index: int, fmt: str) -> str:
 def chunk_file(index: int, start: int, fmt: str) -> str:
     """The checkpoint of shard `index` that begins at document `start`: hidden until concatenated."""
     return f"{SHARDS}/.part-{index:05d}.{start:012d}.{fmt}.chunk"
+
+
+def attempt_dir(index: int, token: str) -> str:
+    """One cluster dispatch of shard `index`: a private output directory (relative to the output directory) that
+    holds the shard under its own relative name (attempt_dir/shard_file) until the driver moves it into place."""
+    return f"{SHARDS}/{_ATTEMPT}{index:05d}-{token}"
+
+
+def is_attempt(name: str) -> bool:
+    """A directory in the shards directory that only a cluster dispatch makes (or its doomed rename)."""
+    return name.startswith(_ATTEMPT)
 
 
 def is_ours(name: str) -> bool:

@@ -267,12 +267,16 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
 
 def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path):
     """On GPU runs pieces are serialized in a process pool; the shard must not change by a byte."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
     import numpy as np
     import pyarrow as pa
 
     from lsr_index.encode_job import Piece
     from lsr_index.encode_shard import Assignment, _ShardSink, _Stats
     from lsr_index.quantize import SparseVectors
+    from lsr_index.writers import serializer_init
 
     rng = np.random.default_rng()
     vocab = np.array([f"t{i}" for i in range(500)], dtype=object)
@@ -284,12 +288,16 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path)
         chunks.append(([f"doc {len(chunks)}-{i}" for i in range(n)],
                        SparseVectors(indptr, terms, rng.integers(1, 300, int(indptr[-1])).astype(np.int32))))
     shas = []
-    for serializers in (0, 2):
-        out = tmp_path / f"s{serializers}"
+    # the same pool serves two shards in turn, as it serves a cluster's encoder shard after shard
+    pool = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"), initializer=serializer_init,
+                               initargs=(vocab.tolist(),))
+    for name, serializers in (("thread", 0), ("pool", 2), ("pool again", 2)):
+        out = tmp_path / name
         (out / "shards").mkdir(parents=True)
         published = []
         job = EncodeJob(inputs=("unused",), options=EncodeOptions(shard_docs=20, output_format="jsonl.gz"))
-        sink = _ShardSink(out, job, vocab, published.append, serializers=serializers, assignment=Assignment())
+        sink = _ShardSink(out, job, vocab, published.append, pool if serializers else None, serializers,
+                          Assignment())
         start = 0
         for i, (ids, vectors) in enumerate(chunks):
             rows = pa.record_batch([pa.array(ids)], names=["id"])
@@ -299,7 +307,8 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path)
         assert [s.docs for s in published] == [20]
         shas.append(published[0].sha256)
         assert [doc for doc, _ in read_shard(out / published[0].file)] == [d for ids, _ in chunks for d in ids]
-    assert shas[0] == shas[1]
+    pool.shutdown()
+    assert shas[0] == shas[1] == shas[2]
 
 
 def test_cpu_encoding_reuses_its_large_blocks_instead_of_faulting_them_in(tmp_path):
