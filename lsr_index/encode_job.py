@@ -17,7 +17,7 @@ import pyarrow as pa
 from .corpus import CorpusReader, Fields
 from .errors import LsrIndexError
 from .quantize import Quantization
-from .settings import check
+from .settings import DEFAULTS, DTYPE, MAX_TOKENS, check
 
 # Characters kept per document: doc_max_length × this. A WordPiece token spans at most 100 characters (longer
 # words become one [UNK]: BERT's max_input_chars_per_word), and real text averages 4-6 per token in BERT, BPE and
@@ -30,16 +30,16 @@ _DIGEST_MOD = 1 << 128
 
 @dataclass(frozen=True)
 class EncodeOptions:
-    doc_max_length: int = 256
-    query_max_length: int = 64
-    max_tokens: int = 16384  # padded tokens per forward pass: bounds activation memory, not corpus size
-    shard_docs: int = 100_000
-    output_format: str = "jsonl.gz"
+    doc_max_length: int = DEFAULTS["doc_max_length"]
+    query_max_length: int = DEFAULTS["query_max_length"]
+    max_tokens: int = MAX_TOKENS["cpu"]  # padded tokens per forward pass: bounds activation memory, not corpus size
+    shard_docs: int = DEFAULTS["shard_docs"]
+    output_format: str = DEFAULTS["output_format"]
     quantization: Quantization = field(default_factory=Quantization)
-    backend: str = "auto"
+    backend: str = DEFAULTS["backend"]
     overwrite: bool = False
     progress: bool = True
-    checkpoint_seconds: float = 30.0  # a shard in progress is checkpointed at the first piece end past this
+    checkpoint_seconds: float = DEFAULTS["checkpoint_seconds"]  # checkpointed at the first piece end past this
 
     def __post_init__(self) -> None:
         for name in ("doc_max_length", "query_max_length", "max_tokens", "shard_docs", "output_format", "backend",
@@ -54,9 +54,9 @@ class EncodeJob:
     """Everything a worker process needs to rebuild its reader and model (picklable)."""
 
     inputs: tuple[str, ...]
-    model: str = "splade-tiny"
+    model: str = DEFAULTS["model"]
     query_model: str | None = None  # a separate query encoder; None: the document model's own route
-    dtype: str = "float32"
+    dtype: str = DTYPE["cpu"]
     fields: Fields = field(default_factory=Fields)
     on_error: str = "fail"
     options: EncodeOptions = field(default_factory=EncodeOptions)
