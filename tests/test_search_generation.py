@@ -5,13 +5,12 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import threading
 
 import pytest
 from search_fixtures import SAMPLE, build, query_terms, random_docs, write_vectors
 
 from lsr_index import lucene
-from lsr_index.build import _publish
+from lsr_index.build import _publish, _remove_retired
 from lsr_index.search import search
 from lsr_index.topics import read_queries
 
@@ -32,7 +31,7 @@ def generations(splade_tiny, tmp_path_factory):
 def test_a_publish_between_reading_the_record_and_opening_lucene_changes_nothing(generations, tmp_path,
                                                                                  monkeypatch):
     """The swap lands right after `search` has read the record (model, scale) of the old generation and before
-    it opens Lucene; the builder then deletes the old generation as build does (after LOCK_EX on it)."""
+    it opens Lucene, by build's own `_publish`: the old generation, held by the search, is retired, not deleted."""
     old, new = generations
     queries = read_queries(SAMPLE / "queries.tsv")[:20]
     expected = search(old, queries, hits=50)
@@ -41,31 +40,23 @@ def test_a_publish_between_reading_the_record_and_opening_lucene_changes_nothing
     shutil.copytree(old, index)
     work = tmp_path / ".index.building-1"
     shutil.copytree(new, work / "index")
-    deleted = threading.Event()
-
-    def delete_replaced() -> None:  # the builder's side: the replaced generation now sits at work/index
-        fd = os.open(work / "index", os.O_RDONLY | os.O_DIRECTORY)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        shutil.rmtree(work)
-        os.close(fd)
-        deleted.set()
-
     record = lucene.Manifest.from_dict
-    deleter = threading.Thread(target=delete_replaced)
+    published = []
 
     def publish_after_reading(*args):  # the index record has just been read
         manifest = record(*args)
-        if deleter.ident is None:
+        if not published:
             _publish(work / "index", index, work)
-            deleter.start()
+            published.append(sorted(p.name for p in tmp_path.iterdir() if ".retired-" in p.name))
         return manifest
 
     monkeypatch.setattr(lucene.Manifest, "from_dict", publish_after_reading)
     run = search(index, queries, hits=50)
     monkeypatch.undo()
-    deleter.join(30)
-    assert deleted.is_set() and not work.exists()
+    assert len(published[0]) == 1  # held by the search when it was replaced: kept aside, not deleted under it
     assert run == expected  # all of it from the old generation: its model, its scale, its postings
+    _remove_retired(index)  # what the next build does first: the search has ended, its generation goes
+    assert not any(".retired-" in p.name for p in tmp_path.iterdir())
     assert search(index, queries, hits=50) == search(new, queries, hits=50)  # the next search sees the new one
 
 
