@@ -237,9 +237,11 @@ def _chunks_recorded(out: Path) -> int:
 @pytest.mark.parametrize(("fmt", "sig"), [("jsonl.gz", signal.SIGKILL), ("parquet", signal.SIGINT)])
 def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(tmp_path, fmt, sig):
     lines = sample_lines()
-    corpus = tmp_path / "c.jsonl"  # 800 documents: one shard (default shard_docs), four pieces of 256
-    corpus.write_text("".join(line + "\n" for line in lines) + "".join(
-        json.dumps({**json.loads(line), "id": "copy-" + json.loads(line)["id"]}) + "\n" for line in lines))
+    copies = 8  # 3,200 documents: one shard (default shard_docs), 13 pieces of 256; long enough on an idle
+    corpus = tmp_path / "c.jsonl"  # machine to outlast the manifest's once-a-second saves
+    corpus.write_text("".join(json.dumps({**json.loads(line), "id": f"{k}-" + json.loads(line)["id"]}) + "\n"
+                              for k in range(copies) for line in lines))
+    total = copies * len(lines)
     whole = _run(corpus, tmp_path / "whole", fmt, 30.0)
     assert whole.wait() == 0, whole.stderr.read()
     out = tmp_path / "killed"
@@ -255,7 +257,7 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     assert not at_kill.shards and checkpointed >= 512
     rerun = _run(corpus, out, fmt, 0.0)
     assert rerun.wait() == 0, rerun.stderr.read()
-    assert rerun.stdout.read().split() == [str(800 - checkpointed), str(checkpointed)]
+    assert rerun.stdout.read().split() == [str(total - checkpointed), str(checkpointed)]
     resumed, reference = Manifest.load(out), Manifest.load(tmp_path / "whole")
     assert [(s.docs, s.nonzeros, s.input) for s in resumed.shards] == \
         [(s.docs, s.nonzeros, s.input) for s in reference.shards]
