@@ -34,7 +34,7 @@ def _as_terms(model, row: torch.Tensor) -> dict[str, float]:
 @pytest.mark.parametrize("table", ["idf.json", "query_token_weights.txt"])
 def test_token_weight_table_encodes_queries_without_a_model(tmp_path, table):
     path, _, tokenizer = _save("bert", tmp_path, pickled=False)
-    terms = list(tokenizer.get_vocab())
+    terms = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)
     weights = {term: round(0.5 + i / 7, 3) for i, term in enumerate(terms) if i % 3}
     if table == "idf.json":
         (path / table).write_text(json.dumps({**weights, "not-a-token": 9.0}))
