@@ -29,7 +29,7 @@ from .quantize import SparseVectors, quantize
 from .writers import ShardWriter, check_vocab, chunk_file, concatenate, serialize_in_worker, serializer_init, shard_file
 
 if TYPE_CHECKING:  # torch and the model load inside the task: a spawned worker imports this module first
-    from .encoder import SpladeEncoder, Tokens
+    from .encoder import Tokens
 
 T = TypeVar("T")
 
@@ -266,7 +266,7 @@ class ShardEncoder:
                                         f"{checkpointed}): the input changed during the run? Rerun to re-verify it")
                 ids, texts = piece.rows.column("id").to_pylist(), piece.rows.column("text").to_pylist()
                 tokens = encoder.tokenize(texts, options.doc_max_length)
-                yield piece, ids, tokens, _piece_stats(encoder, job, piece.start, ids, texts, tokens)
+                yield piece, ids, tokens, _piece_stats(job, piece.start, ids, texts, tokens)
 
         sink = _ShardSink(out, job, self.vocab, emit, self.pool, self.serializers, assignment)
         try:
@@ -310,19 +310,10 @@ def _reuse_freed_memory() -> None:
     mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap instead of returning it at once
 
 
-def _piece_stats(encoder: SpladeEncoder, job: EncodeJob, start: int, ids: list[str], texts: list[str],
-                 tokens: Tokens) -> _Stats:
-    """The piece's input digest and truncation counts. A text came back at exactly doc_max_length tokens if and
-    only if it may have been cut: only those are tokenized again, untruncated, to learn their real length."""
-    limit = job.options.doc_max_length
-    lengths = tokens.lengths
-    at_limit = np.flatnonzero(lengths >= limit)
-    longest = int(lengths.max()) if len(lengths) else 0
-    truncated = 0
-    if len(at_limit):
-        # a character gives at most 4 tokens (byte-level BPE on a 4-byte UTF-8 character), plus special tokens
-        full = encoder.tokenize([texts[i] for i in at_limit], 4 * job.max_chars + 16).lengths
-        truncated = int((full > limit).sum())
-        longest = max(longest, int(full.max()))
+def _piece_stats(job: EncodeJob, start: int, ids: list[str], texts: list[str], tokens: Tokens) -> _Stats:
+    """The piece's input digest and truncation counts (from the one tokenization: no text is tokenized twice)."""
+    full = tokens.full_lengths
+    truncated = int((full > job.options.doc_max_length).sum())
+    longest = int(full.max()) if len(full) else 0
     capped = sum(len(t) >= job.max_chars for t in texts)
     return _Stats(input_digest(start, ids, texts), truncated, longest, capped)

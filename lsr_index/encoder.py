@@ -44,6 +44,7 @@ class Tokens:
 
     ids: np.ndarray  # int64 [total tokens]
     offsets: np.ndarray  # int64 [n + 1]
+    full_lengths: np.ndarray  # int64 [n]: each text's length before truncation, special tokens included
 
     @property
     def lengths(self) -> np.ndarray:
@@ -83,7 +84,12 @@ class SpladeEncoder:
         offsets = np.zeros(len(encodings) + 1, np.int64)
         np.cumsum([len(e.ids) for e in encodings], out=offsets[1:])
         ids = np.fromiter((i for e in encodings for i in e.ids), np.int64, int(offsets[-1]))
-        return Tokens(ids, offsets)
+        # the tokenizer reads a whole text before truncating it and keeps the rest as overflow pieces (stride 0),
+        # each with its own special tokens: the untruncated length comes free, with no second tokenization
+        special = backend.num_special_tokens_to_add(False)
+        full = np.fromiter((len(e.ids) + sum(len(o.ids) - special for o in e.overflowing) for e in encodings),
+                           np.int64, len(encodings))
+        return Tokens(ids, offsets, full)
 
     @torch.inference_mode()
     def encode_ids(self, tokens: Tokens, then: Callable[[torch.Tensor], T] = _identity

@@ -117,6 +117,20 @@ def _reference(mlm, tokenizer, texts, max_length, activation="log1p_relu", pooli
     return weights.sum(dim=1) if pooling == "sum" else weights.amax(dim=1)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_untruncated_lengths_come_from_the_one_tokenization(kind, tmp_path):
+    """Truncation is reported from the lengths the tokenizer saw before cutting: they must equal an
+    untruncated tokenization's, special tokens included, for texts below, at and far past the limit."""
+    path, _, tokenizer = _save(kind, tmp_path, pickled=False)
+    encoder = SpladeEncoder(load_model(str(path)), backend="torch")
+    texts = [*TEXTS, "protein " * 9, "Vitamin D and fracture risk in older adults " * 40, ""]
+    for limit in (3, 8, 24, 4096):
+        tokens = encoder.tokenize(texts, limit)
+        whole = [len(ids) for ids in tokenizer(texts, add_special_tokens=True)["input_ids"]]
+        assert tokens.full_lengths.tolist() == whole
+        assert tokens.lengths.tolist() == [min(n, limit) for n in whole]
+
+
 needs_interpreter = pytest.mark.skipif(
     sparton.splade_head is None or not sparton.splade_head.INTERPRETED,
     reason="triton missing, or imported before TRITON_INTERPRET=1: the subprocess test covers these")
