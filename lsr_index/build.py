@@ -24,6 +24,7 @@ from pathlib import Path
 
 from .durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
 from .errors import LsrIndexError
+from .impact_writer import MERGE, split
 from .lucene import INDEX_MANIFEST, anserini_jar, check_index, count_docs, java_home
 from .manifest import MANIFEST, Manifest
 from .writers import json_vector_line, read_shard, verify_shards
@@ -283,11 +284,13 @@ class _Writers:
             spec = work / f"writer-{k}.json"
             spec.write_text(json.dumps(job))
             cmd = _child_command([sys.executable, "-m", "lsr_index.impact_writer", str(spec)])
-            self.procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env))
+            stdin = subprocess.PIPE if job.get("merge") else subprocess.DEVNULL
+            self.procs.append(subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                               env=env))
 
-    def wait(self, index: Path, update) -> None:
-        """Until every writer is done; `update(n)` with each count of documents reported. The first failure
-        stops the rest and raises."""
+    def wait(self, index: Path, update, merging) -> None:
+        """Until every writer is done; `update(n)` with each count of documents reported, `merging()` once the
+        merging writer has been told to merge. The first failure stops the rest and raises."""
         selector = selectors.DefaultSelector()
         progress = {}
         for proc in self.procs:
@@ -307,9 +310,20 @@ class _Writers:
                 else:
                     self.said[key.data.pid] = (self.said[key.data.pid] + chunk)[-65536:]
             self._check(index)
+            if self._release_merger():
+                merging()
         for proc in self.procs:
             proc.wait()
         self._check(index)
+
+    def _release_merger(self) -> bool:
+        """Tell the merging writer to go on once every other writer has exited cleanly (True when told now)."""
+        merger = self.procs[0]
+        if merger.stdin is None or merger.stdin.closed or any(p.poll() != 0 for p in self.procs[1:]):
+            return False
+        merger.stdin.write(MERGE.encode() + b"\n")
+        merger.stdin.close()
+        return True
 
     def _check(self, index: Path) -> None:
         for proc in self.procs:
@@ -332,37 +346,30 @@ class _Writers:
             if proc.poll() is None:
                 proc.kill()
             proc.wait()
-            proc.stdout.close()
-            proc.stderr.close()
+            for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                if pipe is not None and not pipe.closed:
+                    pipe.close()
 
 
 def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int,
                   heap: str, progress: bool) -> int:
     from tqdm import tqdm
 
-    from .impact_writer import split
-
     count = max(1, min(threads, manifest.docs // _MIN_DOCS_PER_WRITER))
     plans = split(vectors, manifest.shards, count) or [[]]
-    subs = [built] if len(plans) == 1 else [work / f"part-{k}" for k in range(len(plans))]
+    # writer 0 writes the index itself, then adds the others' sub-indexes to it
+    subs = [built, *(work / f"part-{k}" for k in range(1, len(plans)))]
     jobs = [{"index": str(sub), "heap": heap, "parts": [vars(p) for p in plan]} for sub, plan in zip(subs, plans)]
+    jobs[0]["merge"] = [str(s) for s in subs[1:]]
     with tqdm(total=manifest.docs, desc=f"index ({len(plans)} writer{'s' if len(plans) > 1 else ''})",
               unit="doc", unit_scale=True, disable=None if progress else True, dynamic_ncols=True) as bar:
-        _run_writers(work, jobs, index, bar.update)
-        if len(plans) > 1:
-            bar.set_description("merge")
-            _run_writers(work, [{"index": str(built), "heap": heap, "merge": [str(s) for s in subs]}], index,
-                         bar.update)
+        writers = _Writers()
+        try:
+            writers.start(work, jobs)
+            writers.wait(index, bar.update, merging=lambda: bar.set_description("merge"))
+        finally:  # Ctrl-C or a failure: no writer outlives this build
+            writers.stop()
     return len(plans)
-
-
-def _run_writers(work: Path, jobs: list[dict], index: Path, update) -> None:
-    writers = _Writers()
-    try:
-        writers.start(work, jobs)
-        writers.wait(index, update)
-    finally:  # Ctrl-C or a failure: no writer outlives this build
-        writers.stop()
 
 
 # --- Anserini's builder -------------------------------------------------------------------------------

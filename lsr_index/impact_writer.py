@@ -12,9 +12,9 @@ as lsr-index writes them; a vectorised Arrow pass per batch for Parquet) and mak
 Field objects. Terms longer than 255 characters are indexed whole (Anserini's WhitespaceAnalyzer cuts them).
 
 This module is also the writer process: `python -m lsr_index.impact_writer JOB.json` indexes a range of the
-manifest's documents into a sub-index, or merges sub-indexes (`IndexWriter.addIndexes`, no forceMerge:
-Anserini's default leaves segments as its merge policy made them). It reports progress as lines of
-document counts on stdout and a failure as one line on stderr.
+manifest's documents into an index; writer 0 then adds the other writers' sub-indexes to its own
+(`IndexWriter.addIndexes`, no forceMerge: Anserini's default leaves segments as its merge policy made them).
+It reports progress as lines of document counts on stdout and a failure as one line on stderr.
 """
 
 from __future__ import annotations
@@ -270,21 +270,25 @@ def _java_message(exc: Exception) -> str:
 
 # --- the writer process -----------------------------------------------------------------------------
 
+MERGE = "merge"  # the word on stdin that tells writer 0 every other writer has finished
+
+
 def _run(job: dict) -> None:
-    out = Path(job["index"])
-    writer = ImpactWriter(out, job["heap"])
-    if "merge" in job:
+    """Index `parts` into `index`; with `merge`, then wait for MERGE on stdin and add those sub-indexes, in the
+    JVM that is already warm (a separate merge process would start a third JVM and repeat the class loading)."""
+    writer = ImpactWriter(Path(job["index"]), job["heap"])
+    done = [0]
+
+    def report(count: int) -> None:
+        sys.stdout.write(f"{count - done[0]}\n")
+        sys.stdout.flush()
+        done[0] = count
+
+    report(writer.add((doc for part in job["parts"] for doc in read_part(Part(**part))), report))
+    if job.get("merge"):
+        if sys.stdin.readline().strip() != MERGE:  # the build stopped: commit nothing
+            raise SystemExit(3)
         writer.add_indexes([Path(p) for p in job["merge"]])
-    else:
-        done = [0]
-
-        def report(count: int) -> None:
-            sys.stdout.write(f"{count - done[0]}\n")
-            sys.stdout.flush()
-            done[0] = count
-
-        docs = (doc for part in job["parts"] for doc in read_part(Part(**part)))
-        report(writer.add(docs, report))
     writer.close()
 
 

@@ -45,7 +45,7 @@ def _start(vectors: Path, index: Path) -> tuple[subprocess.Popen, list[int]]:
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
         writers = _writers(proc.pid)
-        if len(writers) == 2 and all((work / f"part-{k}").is_dir() for k in range(2)):
+        if len(writers) == 2 and (work / "index").is_dir() and (work / "part-1").is_dir():
             time.sleep(0.5)
             assert proc.poll() is None and all(map(_alive, writers)), "the build ended before the fault"
             return proc, writers
