@@ -27,10 +27,13 @@ from .errors import LsrIndexError
 from .impact_writer import MERGE, split
 from .lucene import INDEX_MANIFEST, anserini_jar, check_index, count_docs, java_home
 from .manifest import MANIFEST, Manifest
+from .progress import bar
 from .writers import json_vector_line, read_shard, verify_shards
 
 BUILDERS = ("direct", "anserini")
-_MIN_DOCS_PER_WRITER = 5_000  # below this a second writer costs more (a JVM start, a merge) than it saves
+# Each writer has a fixed cost (a JVM start, its sub-index copied in at the end: ~1.7 s on 2 cores, measured
+# with benchmarks/bench_build.py) that a share below this many documents does not repay.
+_MIN_DOCS_PER_WRITER = 30_000
 
 
 def available_cores() -> int:
@@ -62,14 +65,10 @@ def _stage_input(vectors: Path, manifest: Manifest, staging: Path) -> None:
 
 def _watch(proc: subprocess.Popen, total: int, progress: bool) -> None:
     """A progress bar over the indexer's elapsed time (Anserini reports counts only at the end)."""
-    from tqdm import tqdm
-
-    with tqdm(desc=f"index {total:,} docs", unit="s", disable=None if progress else True, dynamic_ncols=True,
-              bar_format="{desc}: {elapsed} elapsed") as bar:
+    with bar(progress, desc=f"index {total:,} docs", bar_format="{desc}: {elapsed} elapsed") as elapsed:
         while proc.poll() is None:
             time.sleep(0.5)
-            bar.update(0)
-            bar.refresh()
+            elapsed.refresh()
 
 
 # The indexer must die with us. A SIGKILLed parent runs no cleanup, and an orphaned java would go on writing
@@ -203,7 +202,8 @@ def build_index(vectors: Path, index: Path, threads: int | None = None, heap: st
         manifest = Manifest.load(vectors)
         if not manifest.complete:
             raise LsrIndexError(f"{vectors}: the encoding is incomplete; rerun `lsr-index encode` to finish it")
-        verify_shards(vectors, manifest)
+        with bar(progress, total=len(manifest.shards), desc="check shards", unit=" shard") as checking:
+            verify_shards(vectors, manifest, checking.update)
         _check_target(vectors, index, overwrite)
         try:
             index.parent.mkdir(parents=True, exist_ok=True)
@@ -353,20 +353,18 @@ class _Writers:
 
 def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int,
                   heap: str, progress: bool) -> int:
-    from tqdm import tqdm
-
     count = max(1, min(threads, manifest.docs // _MIN_DOCS_PER_WRITER))
     plans = split(vectors, manifest.shards, count) or [[]]
     # writer 0 writes the index itself, then adds the others' sub-indexes to it
     subs = [built, *(work / f"part-{k}" for k in range(1, len(plans)))]
     jobs = [{"index": str(sub), "heap": heap, "parts": [vars(p) for p in plan]} for sub, plan in zip(subs, plans)]
     jobs[0]["merge"] = [str(s) for s in subs[1:]]
-    with tqdm(total=manifest.docs, desc=f"index ({len(plans)} writer{'s' if len(plans) > 1 else ''})",
-              unit="doc", unit_scale=True, disable=None if progress else True, dynamic_ncols=True) as bar:
+    with bar(progress, total=manifest.docs, unit=" doc",
+             desc=f"index ({len(plans)} writer{'s' if len(plans) > 1 else ''})") as indexing:
         writers = _Writers()
         try:
             writers.start(work, jobs)
-            writers.wait(index, bar.update, merging=lambda: bar.set_description("merge"))
+            writers.wait(index, indexing.update, merging=lambda: indexing.set_description("merge"))
         finally:  # Ctrl-C or a failure: no writer outlives this build
             writers.stop()
     return len(plans)

@@ -41,6 +41,10 @@ _MAX_LINE_BYTES = 64 << 20
 # Flush a batch early past this many characters, so that huge documents can neither exhaust memory nor
 # overflow Arrow's 2 GiB limit on one string array (4 bytes per character at most).
 _MAX_BATCH_CHARS = 1 << 28
+# How much of a JSONL file's content is read to estimate its lines, and for how many files; the others are
+# estimated from their size at the density measured on files compressed alike.
+_SAMPLE_BYTES = 4 << 20
+_SAMPLED_FILES = 8
 _IPC_MAGIC = b"ARROW1"
 # The end-of-stream marker: a continuation token and a zero length (before Arrow 0.15 the length alone).
 _IPC_EOS = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")
@@ -160,6 +164,32 @@ class CorpusReader:
                 raise InputError(self._label, None, reason, f"the first: {self.skipped[0].reason}")
             raise InputError(self._label, None, "no documents", "the corpus files are empty")
 
+    def estimate_docs(self) -> tuple[int, bool]:
+        """How many documents the input holds, for a progress bar: (count, exact). Parquet and Arrow files give
+        their row counts, a JSONL file its lines (estimated from a sample unless read whole within it). Skipped
+        records and blank lines make any count an upper bound; a file that cannot be read counts as empty here
+        (reading it reports why)."""
+        total, exact = 0, True
+        density: dict[str | None, list[float]] = {}  # lines per byte on disk, by compression
+        for path in self.files:
+            try:
+                if file_format(path) != "JSONL":
+                    total += _table_rows(path)
+                    continue
+                kind = compression(path)
+                if len(density.get(kind, ())) >= _SAMPLED_FILES:
+                    measured = density[kind]
+                    total += round(path.stat().st_size * sum(measured) / len(measured))
+                    exact = False
+                    continue
+                lines, whole, consumed = _sample_lines(path, kind)
+                total += lines if whole else round(lines * path.stat().st_size / consumed)
+                exact = exact and whole
+                density.setdefault(kind, []).append(lines / max(consumed, 1))
+            except (LsrIndexError, pa.ArrowException, *CORRUPT):
+                exact = False
+        return total, exact
+
     def _batch(self, ids: list[str], texts: list[str]) -> pa.RecordBatch:
         self.n_docs += len(ids)
         return pa.RecordBatch.from_arrays(
@@ -254,6 +284,26 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
                 f"compressed data is truncated or corrupt after line {line_no} ({describe(e)})",
                 _RECREATE,
             ) from e
+
+
+def _sample_lines(path: Path, kind: str | None) -> tuple[int, bool, int]:
+    """(lines in the first _SAMPLE_BYTES of content, whether that was all of it, bytes on disk read for it)."""
+    with open(path, "rb") as raw:
+        content = open_decompressed(raw, kind) if kind else raw
+        sample = content.read(_SAMPLE_BYTES)
+        whole = not content.read(1)
+        lines = sample.count(b"\n") + (1 if whole and sample and not sample.endswith(b"\n") else 0)
+        return lines, whole, raw.tell()
+
+
+def _table_rows(path: Path) -> int:
+    """The rows of a Parquet file (its footer) or of an Arrow IPC file or stream (its batches' headers)."""
+    if file_format(path) == "Parquet":
+        with pq.ParquetFile(path) as parquet:
+            return parquet.metadata.num_rows
+    with pa.memory_map(os.fspath(path)) as source:
+        _, batches = _ipc_batches(path, source)
+        return sum(batch.num_rows for batch in batches)
 
 
 def _json_problem(line: bytes, error: orjson.JSONDecodeError) -> _Bad:

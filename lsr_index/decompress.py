@@ -101,9 +101,11 @@ def missing_module(suffix: str) -> str | None:
     return "zstandard" if suffix == ".zst" and zstandard is None else None
 
 
-def open_decompressed(path: Path, suffix: str) -> io.BufferedReader:
-    """A buffered binary reader of the decompressed content of ``path`` (suffix: a key of CODECS)."""
-    return io.BufferedReader(_Reader(open(path, "rb"), CODECS[suffix]), _CHUNK)
+def open_decompressed(source: Path | BinaryIO, suffix: str) -> io.BufferedReader:
+    """A buffered binary reader of the decompressed content of ``source``, a path or an open binary file (its
+    position then tells how much compressed data was read); ``suffix`` is a key of CODECS."""
+    raw = source if hasattr(source, "read") else open(source, "rb")  # noqa: SIM115 (the reader closes it)
+    return io.BufferedReader(_Reader(raw, CODECS[suffix]), _CHUNK)
 
 
 class _Reader(io.RawIOBase):

@@ -26,6 +26,7 @@ from .encode_shard import Assignment, WorkerResult
 from .errors import LsrIndexError
 from .executors import run_in_process, run_local_workers
 from .manifest import MANIFEST, Chunk, Manifest, Part, Shard
+from .progress import EncodeBar
 from .writers import SHARDS, is_attempt, is_ours, is_temporary
 
 __all__ = ["EncodeJob", "EncodeOptions", "encode_corpus"]
@@ -261,21 +262,16 @@ def planned(job: EncodeJob, out: Path) -> Iterator[Plan]:
 
 def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)) -> Manifest:
     """Encode `job` into `out`, resuming whatever an earlier run left; one worker per device."""
-    from tqdm import tqdm
-
-    options = job.options
     with planned(job, out) as plan:
         resumed_at = plan.manifest.docs + sum(c.docs for c in plan.manifest.chunks)
         t0, started_at = time.perf_counter(), time.time()
-        bar = tqdm(desc="encode", unit=" doc", initial=resumed_at, dynamic_ncols=True,
-                   disable=None if options.progress else True)
+        bar = EncodeBar(job.reader(), resumed_at, job.options.progress)
         tokens = 0
 
         def on_progress(docs: int, new_tokens: int) -> None:
             nonlocal tokens
             tokens += new_tokens
-            bar.update(docs)
-            bar.set_postfix_str(f"{tokens / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s", refresh=False)
+            bar.update(docs, f"{tokens / max(time.perf_counter() - t0, 1e-9):,.0f} tok/s")
             plan.flush_if_due()
 
         try:

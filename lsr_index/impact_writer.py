@@ -79,27 +79,30 @@ def _joined(vector: dict, delimiter: str) -> tuple[str, int]:
 
 _HEAD, _VECTOR = b'{"id":"', b'","contents":"","vector":{'
 _DELIMITER_BYTES = DELIMITER.encode()
+_TO_TEXT = bytes.maketrans(b":,", _DELIMITER_BYTES + b" ")
 
 
 def _fast_doc(line: bytes) -> tuple[str, str] | None:
     """(id, delimited text) cut straight out of a line as `writers.json_vector_line` writes it, or None.
 
-    Such a line is `{"id":"…","contents":"","vector":{"t":w,"t":w…}}`. Without a backslash no string in it
-    holds a quote (JSON escapes it), so the markers are found only where they belong, every `":` ends a term
-    and every `,"` starts one, except the opening quote of a term that starts with `:`: that adds a
-    delimiter and removes a space, which the count check catches. Impacts ≤ 0 take the general path.
+    Such a line is `{"id":"…","contents":"","vector":{"t":w,"t":w…}}`. Without a backslash no term holds a
+    quote (JSON escapes it), so the vector's quotes are the terms' own: 2k - 1 after the first for k terms.
+    When it also holds exactly k colons and k - 1 commas, those are the structure's and no term holds one:
+    deleting the quotes and mapping `:` to the delimiter and `,` to a space is then the text, in one pass.
+    Anything else (such terms, a term with the delimiter, an impact ≤ 0) takes the general path.
     """
     end = line.rfind(b"}}")
     if not line.startswith(_HEAD) or b"\\" in line or end < 0 or line[end + 2:].strip():
         return None
     at = line.find(_VECTOR)
-    vector = line[at + len(_VECTOR):end]
-    if at < 0 or not vector or b'":0' in vector or b'":-' in vector or _DELIMITER_BYTES in vector:
+    body = line[at + len(_VECTOR) + 1:end]  # after the first term's opening quote
+    if at < 0 or not body:
         return None
-    text = vector[1:].replace(b'":', _DELIMITER_BYTES).replace(b',"', b" ")
-    if text.count(_DELIMITER_BYTES) != text.count(b" ") + 1:
+    terms = (body.count(b'"') + 1) // 2
+    if (body.count(b":") != terms or body.count(b",") != terms - 1 or b":0" in body
+            or (b"-" in body and b":-" in body) or _DELIMITER_BYTES in body):  # "-" first: a fast one-byte scan
         return None
-    return line[len(_HEAD):at].decode(), text.decode()
+    return line[len(_HEAD):at].decode(), body.translate(_TO_TEXT, b'"').decode()
 
 
 def _jsonl_docs(part: Part) -> Iterator[Doc]:
@@ -256,6 +259,10 @@ class ImpactWriter:
         fs = ac("org.apache.lucene.store.FSDirectory")
         self.writer.addIndexes(*[fs.open(ac("java.io.File")(str(p)).toPath()) for p in parts])
 
+    def flush(self) -> None:
+        """Write the buffered documents as segments (no commit: nothing is visible or synced yet)."""
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.commit()
         self.writer.close()
@@ -286,6 +293,7 @@ def _run(job: dict) -> None:
 
     report(writer.add((doc for part in job["parts"] for doc in read_part(Part(**part))), report))
     if job.get("merge"):
+        writer.flush()  # its own segments written while the others finish: only the copy and commit wait for them
         if sys.stdin.readline().strip() != MERGE:  # the build stopped: commit nothing
             raise SystemExit(3)
         writer.add_indexes([Path(p) for p in job["merge"]])

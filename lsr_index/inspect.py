@@ -18,6 +18,7 @@ from pathlib import Path
 from .durable import atomic_write_bytes
 from .errors import LsrIndexError
 from .manifest import Manifest
+from .progress import bar
 from .writers import read_shard
 
 QUANTILES = (("p5", 0.05), ("p25", 0.25), ("median", 0.5), ("p75", 0.75), ("p95", 0.95))
@@ -45,16 +46,13 @@ def summarize(counts: Mapping[int, int]) -> dict:
 
 def _vectors(directory: Path, manifest: Manifest, progress: bool = False) -> Iterator[tuple[str, str, dict]]:
     """(shard file, id, {term: impact}) for every document, shard by shard in document order."""
-    from tqdm import tqdm
-
-    with tqdm(desc="read", unit=" doc", total=manifest.docs, dynamic_ncols=True,
-              disable=None if progress else True) as bar:
+    with bar(progress, desc="read", unit=" doc", total=manifest.docs) as reading:
         for shard in sorted(manifest.shards, key=lambda s: s.start):
             path = directory / shard.file
             try:
                 for doc_id, vector in read_shard(path):
                     yield shard.file, doc_id, vector
-                    bar.update()
+                    reading.update()
             except (OSError, EOFError, ValueError, KeyError, zlib.error) as exc:
                 raise LsrIndexError(f"{path}: cannot read the shard ({type(exc).__name__}: {exc}); it is damaged: "
                                     "rerun `lsr-index encode --overwrite`") from None

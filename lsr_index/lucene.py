@@ -53,7 +53,6 @@ def jvm(heap: str = "2g"):
     global _jvm_heap
     if _jvm_heap is None:
         os.environ["JAVA_HOME"] = str(java_home())
-        os.environ.setdefault("OPENAI_API_KEY", "unused")  # pyserini builds an OpenAI client on import
         import jnius_config
 
         if not jnius_config.vm_running:

@@ -35,6 +35,7 @@ from .encode_job import EncodeJob, Piece, pieces
 from .encode_shard import Assignment, ShardEncoder, WorkerResult, prefetch, skipped_records
 from .errors import LsrIndexError
 from .manifest import Manifest, Shard
+from .progress import EncodeBar
 from .writers import SHARDS, attempt_dir, shard_file
 
 INSTALL = "pip install 'lsr-index[ray]'"
@@ -189,14 +190,11 @@ class _Run:
             self.starting[handle.ready.remote()] = encoder
 
     def go(self) -> Manifest:
-        from tqdm import tqdm
-
         reader = self.job.reader()
         shards = itertools.groupby(pieces(reader, self.job.options.shard_docs), key=lambda piece: piece.shard)
         stream = prefetch(((k, list(group)) for k, group in shards if k not in self.done), depth=READ_AHEAD)
         t0, started_at = time.perf_counter(), time.time()
-        self.bar = tqdm(desc="encode", unit=" doc", initial=self.resumed_at, dynamic_ncols=True,
-                        disable=None if self.job.options.progress else True)
+        self.bar = EncodeBar(reader, self.resumed_at, self.job.options.progress)
         read_all = False
         try:
             while True:
@@ -300,7 +298,7 @@ class _Run:
         self.queue.extendleft(reversed(requeued))
         held = f" holding shard(s) {', '.join(str(a.shard) for a in requeued)}" if requeued else ""
         self.bar.write(f"lost the encoder on {encoder.device} of {encoder.name}{held} ({type(exc).__name__}); "
-                       f"{sum(not e.lost for e in self.encoders)} encoder(s) left", file=sys.stderr)
+                       f"{sum(not e.lost for e in self.encoders)} encoder(s) left")
 
     def _retire(self, attempt: _Attempt) -> None:
         """Delete an attempt's directory: the rename first, so that a late writer cannot create or publish there."""
@@ -323,9 +321,8 @@ class _Run:
         fsync_directory((self.out / name).parent)
         self.plan.record(shard)
         self._retire(attempt)
-        self.bar.update(shard.docs)
         live = [e for e in self.encoders if e.ready and not e.lost]
-        self.bar.set_postfix_str(f"{len(live)} encoders on {len({e.node_id for e in live})} nodes", refresh=False)
+        self.bar.update(shard.docs, f"{len(live)} encoders on {len({e.node_id for e in live})} nodes")
 
     def _per_node(self, seconds: float) -> list[dict]:
         nodes: dict[str, list[_Encoder]] = defaultdict(list)

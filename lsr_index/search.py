@@ -11,6 +11,7 @@ from .errors import InputError, LsrIndexError
 from .ids import check_id
 from .lucene import ImpactSearcher, IndexGeneration, index_manifest
 from .manifest import Manifest
+from .progress import bar, note
 from .quantize import Quantization, quantize
 from .topics import text_lines
 
@@ -42,19 +43,16 @@ def query_encoder(manifest: Manifest, index: Path, model: str | None, device: st
 
 def encode_queries(encoder, quantization: Quantization, queries: Sequence[tuple[str, str]], max_length: int,
                    batch: int = 256, progress: bool = False) -> list[tuple[str, dict[str, int]]]:
-    from tqdm import tqdm
-
     vocab = encoder.model.vocab
     out = []
-    with tqdm(total=len(queries), desc="encode queries", unit="q", disable=None if progress else True,
-              dynamic_ncols=True) as bar:
+    with bar(progress, total=len(queries), desc="encode queries", unit=" q") as encoding:
         for start in range(0, len(queries), batch):
             chunk = queries[start:start + batch]
             vectors = quantize(encoder.encode([text for _, text in chunk], max_length), quantization)
             for i, (qid, _) in enumerate(chunk):
                 terms, weights = vectors.row(i)
                 out.append((qid, {vocab[t]: int(w) for t, w in zip(terms.tolist(), weights.tolist())}))
-            bar.update(len(chunk))
+            encoding.update(len(chunk))
     return out
 
 
@@ -63,18 +61,17 @@ def search(index: Path, queries: Sequence[tuple[str, str]], hits: int = 1000, th
     """Search one generation of `index` from start to end: its record and its Lucene files are read through one
     open, share-locked directory (see IndexGeneration), so a `build --overwrite` meanwhile changes nothing.
     Lucene is opened and verified before the model is loaded: a damaged index fails at once."""
-    from tqdm import tqdm
-
+    note(f"opening {index}…", progress)
     with IndexGeneration(index) as generation:
         _, manifest = generation.record()
         searcher = ImpactSearcher(generation)
         try:
+            note(f"loading the query model {model or manifest.query['name']}…", progress)
             encoder, quantization = query_encoder(manifest, index, model, device, backend)
             vectors = encode_queries(encoder, quantization, queries, manifest.encoder["query_max_length"],
                                      progress=progress)
-            with tqdm(total=len(vectors), desc="search", unit="q", disable=None if progress else True,
-                      dynamic_ncols=True) as bar:
-                return searcher.search(vectors, hits=hits, threads=threads, progress=bar.update)
+            with bar(progress, total=len(vectors), desc="search", unit=" q") as searching:
+                return searcher.search(vectors, hits=hits, threads=threads, progress=searching.update)
         finally:
             searcher.close()
 

@@ -15,7 +15,7 @@ import gzip
 import os
 import re
 import shutil
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from hashlib import blake2b
 from pathlib import Path
 from typing import NoReturn
@@ -241,8 +241,9 @@ def concatenate(chunks: Sequence[Path], path: Path, fmt: str) -> str:
                             "full, then rerun the same command to continue after the last checkpoint)") from exc
 
 
-def verify_shards(directory: Path, manifest: Manifest) -> None:
-    """Refuse to use a vectors directory whose shards are missing, truncated, altered or do not tile."""
+def verify_shards(directory: Path, manifest: Manifest, checked: Callable[[int], object] = lambda n: None) -> None:
+    """Refuse to use a vectors directory whose shards are missing, truncated, altered or do not tile; `checked(1)`
+    after each shard (reading them all takes a while on a large corpus)."""
     expected = 0
     for shard in sorted(manifest.shards, key=lambda s: s.start):
         if shard.start != expected:
@@ -261,6 +262,7 @@ def verify_shards(directory: Path, manifest: Manifest) -> None:
         if digest != shard.sha256:
             raise LsrIndexError(f"{path}: checksum mismatch against {directory / MANIFEST} "
                                 "(the shard is corrupted or truncated; re-encode it)")
+        checked(1)
 
 
 def read_shard(path: Path) -> Iterator[tuple[str, dict[str, int]]]:

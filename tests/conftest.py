@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,21 @@ def pytest_configure(config: pytest.Config) -> None:
     markexpr = config.option.markexpr or ""
     if "gpu" not in markexpr.replace("not gpu", ""):
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture
+def seed() -> int:
+    """A fresh seed for each test's random inputs; a failure prints it, and LSR_TEST_SEED=N replays that run."""
+    return int(os.environ.get("LSR_TEST_SEED") or secrets.randbits(31))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    report = yield
+    seed = getattr(item, "funcargs", {}).get("seed")
+    if report.failed and seed is not None:
+        report.sections.append(("random inputs", f"LSR_TEST_SEED={seed} reproduces them"))
+    return report
 
 
 @pytest.fixture(scope="session")

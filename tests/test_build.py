@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from terminal import on_terminal
 
 from lsr_index import build, writers
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
@@ -212,24 +212,13 @@ def test_a_replaced_index_held_by_a_search_is_retired_then_removed(tmp_path):
 @pytest.mark.slow
 def test_the_progress_bar_counts_documents_against_the_manifest(tmp_path):
     """On a terminal, the direct builder shows documents done / total (from the manifest), docs/s and ETA."""
-    import pty
-    import struct
-    import termios
-
     from test_faults import synthetic_vectors
 
     synthetic_vectors(tmp_path / "vectors", docs=6000, terms=30, shard_docs=3000)
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: `lsr-index build` on the terminal's slave side
-        os.execv(sys.executable, [sys.executable, "-m", "lsr_index", "build", "--vectors", str(tmp_path / "vectors"),
-                                  "--index", str(tmp_path / "index"), "--heap", "1g"])
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # a terminal of 120 columns
-    shown = b""
-    with contextlib.suppress(OSError):  # EIO once the child has closed the terminal
-        while chunk := os.read(fd, 4096):
-            shown += chunk
-    _, status = os.waitpid(pid, 0)
-    text = shown.decode(errors="replace")
-    assert os.waitstatus_to_exitcode(status) == 0, text
-    assert "index (1 writer): 100%" in text and "6.00k/6.00k [" in text and "doc/s]" in text, text
-    assert "indexed 6,000 documents into" in text
+    built = on_terminal([sys.executable, "-m", "lsr_index", "build", "--vectors", str(tmp_path / "vectors"),
+                         "--index", str(tmp_path / "index"), "--heap", "1g"], columns=120)
+    text = built.stderr
+    assert built.returncode == 0, text
+    assert "check shards: 100%" in text and "2/2 [" in text
+    assert "index (1 writer): 100%" in text and "6000/6000 [" in text and " doc/s]" in text, text
+    assert "indexed 6,000 documents into" in built.stdout + text

@@ -267,7 +267,7 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     assert not resumed.chunks and not [p.name for p in (out / "shards").iterdir() if p.name.startswith(".")]
 
 
-def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path):
+def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path, seed):
     """On GPU runs pieces are serialized in a process pool; the shard must not change by a byte."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
@@ -280,7 +280,7 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path)
     from lsr_index.quantize import SparseVectors
     from lsr_index.writers import serializer_init
 
-    rng = np.random.default_rng()
+    rng = np.random.default_rng(seed)
     vocab = np.array([f"t{i}" for i in range(500)], dtype=object)
     chunks = []
     for n in (7, 1, 12):

@@ -50,8 +50,8 @@ def test_fast_tokenization_equals_the_transformers_tokenizer(splade_tiny):
         assert tokens.gather(order).tolist() == [t for i in order for t in expected[i]]
 
 
-def test_length_buckets_cover_each_position_once_within_budget():
-    lengths = np.random.default_rng().integers(1, 300, size=257)
+def test_length_buckets_cover_each_position_once_within_budget(seed):
+    lengths = np.random.default_rng(seed).integers(1, 300, size=257)
     buckets = length_buckets(lengths, max_tokens=1000)
     seen = np.concatenate(buckets)
     assert sorted(seen.tolist()) == list(range(257))

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from terminal import on_terminal
 
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.errors import LsrIndexError
@@ -19,7 +20,6 @@ from lsr_index.writers import read_shard
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 
-pytestmark = pytest.mark.lucene
 LSR = [sys.executable, "-m", "lsr_index"]
 
 
@@ -34,15 +34,21 @@ def vectors_of(directory: Path) -> dict[str, dict[str, int]]:
 
 
 @pytest.fixture(scope="module")
-def built(splade_tiny, tmp_path_factory):
+def encoded(splade_tiny, tmp_path_factory) -> tuple[Path, Manifest]:
+    work = tmp_path_factory.mktemp("encoded")
+    return work, encode(SAMPLE / "corpus.jsonl", work / "vectors", shard_docs=150, output_format="jsonl")
+
+
+@pytest.fixture(scope="module")
+def built(encoded):
     from lsr_index.build import build_index
 
-    work = tmp_path_factory.mktemp("built")
-    manifest = encode(SAMPLE / "corpus.jsonl", work / "vectors", shard_docs=150, output_format="jsonl")
+    work, manifest = encoded
     info = build_index(work / "vectors", work / "index", threads=2, heap="1g", progress=False)
     return work, manifest, info
 
 
+@pytest.mark.lucene
 def test_manifest_records_what_was_made(built):
     work, manifest, info = built
     assert manifest.complete and manifest.docs == 400 == info["documents"]
@@ -54,6 +60,7 @@ def test_manifest_records_what_was_made(built):
     assert all(w > 0 and isinstance(w, int) for v in vectors.values() for w in v.values())
 
 
+@pytest.mark.lucene
 def test_lucene_topk_equals_exact_integer_dot_product(built, splade_tiny):
     from lsr_index.lucene import ImpactSearcher
     from lsr_index.search import encode_queries, load_query_encoder
@@ -75,6 +82,7 @@ def test_lucene_topk_equals_exact_integer_dot_product(built, splade_tiny):
     assert compared > 60 * 20
 
 
+@pytest.mark.lucene
 def test_build_refuses_a_corrupted_shard(built, tmp_path):
     import shutil
 
@@ -89,6 +97,7 @@ def test_build_refuses_a_corrupted_shard(built, tmp_path):
     assert not (tmp_path / "index").exists()
 
 
+@pytest.mark.lucene
 def test_build_never_overwrites_without_permission(built):
     from lsr_index.build import build_index
 
@@ -97,6 +106,7 @@ def test_build_never_overwrites_without_permission(built):
         build_index(work / "vectors", work / "index", progress=False)
 
 
+@pytest.mark.lucene
 def test_search_refuses_another_model(built, splade_tiny, tmp_path):
     import shutil
 
@@ -114,6 +124,7 @@ def test_search_refuses_another_model(built, splade_tiny, tmp_path):
         search(work / "index", [("1", "protein")], model=str(other))
 
 
+@pytest.mark.lucene
 def test_parquet_shards_build_the_same_index(built, splade_tiny, tmp_path):
     """Parquet shards are restaged as JsonVector lines for Anserini: the index must search like the jsonl one."""
     from lsr_index.build import build_index
@@ -135,15 +146,15 @@ def test_parquet_shards_build_the_same_index(built, splade_tiny, tmp_path):
     assert results[0] == results[1] and sum(len(hits) for hits in results[0].values()) > 60 * 20
 
 
-def test_encode_refuses_to_overwrite_a_complete_output(built, splade_tiny):
-    work, _, _ = built
+def test_encode_refuses_to_overwrite_a_complete_output(encoded):
+    work, _ = encoded
     with pytest.raises(LsrIndexError, match="--overwrite"):
         encode(SAMPLE / "corpus.jsonl", work / "vectors", shard_docs=150, output_format="jsonl")
 
 
-def test_two_workers_write_what_one_writes(built, tmp_path):
+def test_two_workers_write_what_one_writes(encoded, tmp_path):
     """Workers split shards k ≡ w (mod W); the result is the single-worker one, shard for shard."""
-    _, whole, _ = built
+    _, whole = encoded
     split = encode(SAMPLE / "corpus.jsonl", tmp_path / "vectors", devices=("cpu", "cpu"), shard_docs=150,
                    output_format="jsonl")
     assert split.stats["workers"] == 2
@@ -192,14 +203,21 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
     assert not list((out / "shards").glob(".*"))
 
 
+@pytest.mark.lucene
 def test_cli_runs_the_whole_pipeline_on_the_sample(tmp_path):
-    work = ["--workdir", str(tmp_path), "--quiet"]
+    """The README's main job, on a terminal: every step shows its progress against a known total."""
+    work = ["--workdir", str(tmp_path)]
     steps = [["encode", str(SAMPLE / "corpus.jsonl"), "--doc-max-length", "128"], ["build", "--threads", "2"],
              ["search", "--queries", str(SAMPLE / "queries.tsv"), "--qrels", str(SAMPLE / "qrels.tsv"),
               "--hits", "100"]]
-    outputs = [subprocess.run([*LSR, *work, *step], capture_output=True, text=True) for step in steps]
+    outputs = [on_terminal([*LSR, *work, *step]) for step in steps]
     for step, result in zip(steps, outputs):
         assert result.returncode == 0, (step, result.stderr)
+    encoded, built, searched = (result.stderr for result in outputs)
+    assert "encode: 100%" in encoded and "400/400" in encoded
+    assert "check shards: 100%" in built and "400/400" in built
+    assert "opening" in searched and "loading the query model" in searched
+    assert "encode queries: 100%" in searched and "search: 100%" in searched and "60/60" in searched
     metrics = dict(zip(*[iter(outputs[-1].stdout.split("\n")[-2].split())] * 2))
     assert float(metrics["nDCG@10"]) > 0.5  # 60 queries over 400 docs; the full collection gives 0.64
     run = (tmp_path / "runs" / "queries.trec").read_text().splitlines()
@@ -218,6 +236,7 @@ def test_cli_errors_are_one_clear_line(tmp_path):
     assert no_index.returncode == 1 and "lsr-index build" in no_index.stderr and "Traceback" not in no_index.stderr
 
 
+@pytest.mark.lucene
 def test_lucene_indexes_every_gzip_member(tmp_path):
     """A .jsonl.gz shard is a run of gzip members (one per chunk); Anserini must read past the first."""
     import gzip

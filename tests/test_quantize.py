@@ -24,8 +24,8 @@ def _as_dicts(v: SparseVectors) -> list[dict[int, int]]:
     return [dict(zip(*(a.tolist() for a in v.row(i)))) for i in range(len(v))]
 
 
-def test_quantize_matches_reference():
-    rng = np.random.default_rng()
+def test_quantize_matches_reference(seed):
+    rng = np.random.default_rng(seed)
     w = np.maximum(rng.normal(size=(7, 513)), 0).astype(np.float32) * 3  # distinct values: no topk ties
     for q in (Quantization(), Quantization(scale=51.2), Quantization(top_k=10), Quantization(min_weight=1.0)):
         got = quantize(torch.from_numpy(w), q)
@@ -40,8 +40,8 @@ def test_tiny_weights_round_to_nothing_and_empty_rows_survive():
     assert _as_dicts(v) == [{2: 1}, {}]
 
 
-def test_stack_restores_input_order():
-    rng = np.random.default_rng()
+def test_stack_restores_input_order(seed):
+    rng = np.random.default_rng(seed)
     w = np.maximum(rng.normal(size=(11, 64)), 0).astype(np.float32)
     order = rng.permutation(11)
     parts = [(order[i:i + 4], quantize(torch.from_numpy(w[order[i:i + 4]]), Quantization()))

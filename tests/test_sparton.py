@@ -28,10 +28,6 @@ needs_interpreter = pytest.mark.skipif(
 TOL = {torch.float32: 3e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
-def _seed() -> int:
-    return random.SystemRandom().randrange(2**31)
-
-
 def _inputs(seed: int, batch: int, seq: int, hidden: int, vocab: int, dtype: torch.dtype, bias: bool = True):
     """Hidden states like a LayerNorm output, logits of unit scale, bias shifted so relu zeroes a share."""
     g = torch.Generator().manual_seed(seed)
@@ -86,8 +82,7 @@ def _check(out, ref, dtype, seed, what):
         (2, 50, 48, 33, False),  # documents longer than a token block; 3 K slices; no bias
     ],
 )
-def test_padded_kernel_random_mask(dtype, batch, seq, hidden, vocab, bias):
-    seed = _seed()
+def test_padded_kernel_random_mask(dtype, batch, seq, hidden, vocab, bias, seed):
     h, w, b, g = _inputs(seed, batch, seq, hidden, vocab, dtype, bias)
     mask = torch.rand(batch, seq, generator=g) < 0.7  # holes anywhere: not a prefix
     mask[0, 0] = True
@@ -102,9 +97,8 @@ def test_padded_kernel_random_mask(dtype, batch, seq, hidden, vocab, bias):
 
 
 @needs_interpreter
-def test_padded_kernel_prefix_int_mask_through_public_api():
+def test_padded_kernel_prefix_int_mask_through_public_api(seed):
     """The dispatcher's custom-op path, with an int64 prefix mask (what tokenizers return)."""
-    seed = _seed()
     h, w, b, _ = _inputs(seed, 4, 29, 32, 77, torch.float16)
     mask = _prefix_mask([29, 1, 17, 0], 29).long()
     out = sparton.splade_max(h, w, b, mask, backend="triton")
@@ -114,9 +108,8 @@ def test_padded_kernel_prefix_int_mask_through_public_api():
 
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_packed_kernel_with_empty_documents(dtype):
+def test_packed_kernel_with_empty_documents(dtype, seed):
     """Zero-length documents first, between and last; a document over 3 chunks; many documents per chunk."""
-    seed = _seed()
     lengths = [0, 5, 40, 0, 17, 1, 0, 2, 1, 1, 3, 1, 2, 1, 1, 1, 0]
     h, w, b, _ = _inputs(seed, len(lengths), max(lengths), 64, 203, dtype)
     tokens, cu = _pack(h, lengths)
@@ -131,10 +124,9 @@ def test_packed_kernel_with_empty_documents(dtype):
 
 @needs_interpreter
 @pytest.mark.parametrize("slab", [1, 4, 16])
-def test_packed_kernel_slab_edges(slab):
+def test_packed_kernel_slab_edges(slab, seed):
     """The epilogue streams 16-row chunks in slabs: documents that end exactly on a slab or chunk edge, empty ones
     there, documents shorter than a slab, one over several chunks; then random lengths. slab 16 = one per chunk."""
-    seed = _seed()
     rng = random.Random(seed)
     lengths = [4, 0, 4, 8, 0, 3, 1, 0, 16, 2, 37, 0, 5]
     lengths += [rng.choice([0, 1, 2, 3, 4, 5, 7, 9, 16, 21]) for _ in range(12)]
@@ -149,10 +141,9 @@ def test_packed_kernel_slab_edges(slab):
 
 @needs_interpreter
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_kernel_double_log_activation(dtype):
+def test_kernel_double_log_activation(dtype, seed):
     """log1p(log1p(relu)) is fused as the epilogue's activation: padded with holes and packed with empty
     documents, odd V and L, poisoned outputs."""
-    seed = _seed()
     h, w, b, g = _inputs(seed, 4, 23, 48, 131, dtype)
     mask = torch.rand(4, 23, generator=g) < 0.6
     mask[2] = False
@@ -175,9 +166,8 @@ def test_kernel_double_log_activation(dtype):
 @needs_interpreter
 @pytest.mark.parametrize("activation", sparton.ACTIVATIONS)
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-def test_sum_pooling_runs_the_reference(activation, backend):
+def test_sum_pooling_runs_the_reference(activation, backend, seed):
     """Sum pooling is not a max: whatever the backend it runs the chunked PyTorch path, exactly."""
-    seed = _seed()
     h, w, b, g = _inputs(seed, 3, 19, 32, 97, torch.float32)
     mask = torch.rand(3, 19, generator=g) < 0.5
     mask[1] = False
@@ -191,9 +181,8 @@ def test_sum_pooling_runs_the_reference(activation, backend):
 
 
 @needs_interpreter
-def test_kernel_other_tile_shapes():
+def test_kernel_other_tile_shapes(seed):
     """Nothing may assume the default test tiles: wider tiles, a group size that does not divide B."""
-    seed = _seed()
     h, w, b, g = _inputs(seed, 5, 70, 64, 150, torch.float32)
     mask = torch.rand(5, 70, generator=g) < 0.5
     config = {"BLOCK_V": 64, "BLOCK_L": 32, "BLOCK_K": 32, "GROUP_L": 3}
@@ -203,8 +192,8 @@ def test_kernel_other_tile_shapes():
 
 
 @needs_interpreter
-def test_kernel_rejects_what_it_cannot_do():
-    h, w, b, _ = _inputs(_seed(), 2, 4, 32, 10, torch.float32)
+def test_kernel_rejects_what_it_cannot_do(seed):
+    h, w, b, _ = _inputs(seed, 2, 4, 32, 10, torch.float32)
     mask = torch.ones(2, 4, dtype=torch.bool)
     with pytest.raises(RuntimeError, match="inference-only"):
         sparton.splade_max(h, w.requires_grad_(), b, mask, backend="triton")
@@ -221,9 +210,9 @@ def test_kernel_rejects_what_it_cannot_do():
 
 
 @needs_interpreter
-def test_custom_op_registration():
+def test_custom_op_registration(seed):
     """The fake (meta) kernel agrees with the real one, so torch.compile can trace around the op."""
-    h, w, b, _ = _inputs(_seed(), 2, 5, 32, 40, torch.float32)
+    h, w, b, _ = _inputs(seed, 2, 5, 32, 40, torch.float32)
     mask = torch.ones(2, 5, dtype=torch.bool)
     utils = ("test_schema", "test_faketensor")
     torch.library.opcheck(torch.ops.sparton.splade_max.default, (h, w, b, mask), test_utils=utils)
@@ -250,10 +239,9 @@ def test_interpreter_suite_in_subprocess():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reference_chunked_over_vocab(monkeypatch, dtype):
+def test_reference_chunked_over_vocab(monkeypatch, dtype, seed):
     """Chunks far smaller than V, so the chunk loop and its edges are exercised."""
     monkeypatch.setattr(reference, "_CHUNK_ELEMS", 97)
-    seed = _seed()
     h, w, b, g = _inputs(seed, 3, 11, 16, 301, dtype)
     mask = torch.rand(3, 11, generator=g) < 0.6
     mask[1] = False
@@ -266,13 +254,12 @@ def test_reference_chunked_over_vocab(monkeypatch, dtype):
     _check(packed, _oracle(h, w, b, _prefix_mask(lengths, 11)), dtype, seed, "reference packed")
 
 
-def test_auto_backend_on_cpu_uses_reference(monkeypatch):
+def test_auto_backend_on_cpu_uses_reference(monkeypatch, seed):
     def boom(*args, **kwargs):
         raise AssertionError("the Triton launcher ran on CPU under backend='auto'")
 
     if head is not None:
         monkeypatch.setattr(head, "_launch", boom)
-    seed = _seed()
     h, w, b, _ = _inputs(seed, 2, 6, 16, 50, torch.float32)
     mask = torch.ones(2, 6, dtype=torch.int32)
     out = sparton.splade_max(h, w, b, mask)
@@ -284,19 +271,19 @@ def test_auto_backend_on_cpu_uses_reference(monkeypatch):
 
 
 @needs_interpreter
-def test_triton_backend_really_runs_the_kernel(monkeypatch):
+def test_triton_backend_really_runs_the_kernel(monkeypatch, seed):
     def boom(*args, **kwargs):
         raise AssertionError("backend='triton' fell back to the PyTorch reference")
 
     monkeypatch.setattr(sparton, "splade_max_reference", boom)
     monkeypatch.setattr(sparton, "splade_max_packed_reference", boom)
-    h, w, b, _ = _inputs(_seed(), 1, 3, 16, 20, torch.float32)
+    h, w, b, _ = _inputs(seed, 1, 3, 16, 20, torch.float32)
     sparton.splade_max(h, w, b, torch.ones(1, 3), backend="triton")
     sparton.splade_max_packed(h[0], w, b, torch.tensor([0, 3], dtype=torch.int32), backend="triton")
 
 
-def test_dispatcher_rejects_bad_backends(monkeypatch):
-    h, w, b, _ = _inputs(_seed(), 1, 2, 16, 8, torch.float32)
+def test_dispatcher_rejects_bad_backends(monkeypatch, seed):
+    h, w, b, _ = _inputs(seed, 1, 2, 16, 8, torch.float32)
     mask = torch.ones(1, 2)
     with pytest.raises(ValueError, match="backend"):
         sparton.splade_max(h, w, b, mask, backend="cuda")

@@ -5,7 +5,6 @@ fp32 accumulation order (about 1e-6); the bars below are far looser than that an
 dropped or extra token would allow.
 """
 
-import random
 
 import pytest
 import torch
@@ -18,10 +17,6 @@ pytestmark = [
 ]
 TOL = {torch.float32: 3e-4, torch.float16: 1e-3, torch.bfloat16: 1e-3}
 HIDDEN = 768
-
-
-def _seed() -> int:
-    return random.SystemRandom().randrange(2**31)
 
 
 def _weights(seed: int, vocab: int, dtype: torch.dtype):
@@ -37,8 +32,7 @@ def _rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 @pytest.mark.parametrize("vocab", [30_522, 250_002])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-def test_padded_real_shapes(vocab, dtype):
-    seed = _seed()
+def test_padded_real_shapes(vocab, dtype, seed):
     batch, seq = (64, 256) if dtype != torch.float32 else (16, 256)
     w, b, g = _weights(seed, vocab, dtype)
     h = torch.randn(batch, seq, HIDDEN, device="cuda", generator=g).to(dtype)
@@ -61,11 +55,11 @@ def test_padded_real_shapes(vocab, dtype):
 
 @pytest.mark.parametrize("vocab", [30_522, 250_002])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_packed_real_shapes(vocab, dtype):
-    seed = _seed()
+def test_packed_real_shapes(vocab, dtype, seed):
     w, b, g = _weights(seed, vocab, dtype)
-    lengths = torch.randint(1, 257, (48,), generator=torch.Generator().manual_seed(seed))
-    lengths[::7] = torch.randint(1, 90, lengths[::7].shape)  # many short documents
+    cpu = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, 257, (48,), generator=cpu)
+    lengths[::7] = torch.randint(1, 90, lengths[::7].shape, generator=cpu)  # many short documents
     lengths[[3, 20, 47]] = 0  # zero-length documents, the last one too
     cu = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
     cu[1:] = lengths.cumsum(0)
@@ -82,9 +76,8 @@ def test_packed_real_shapes(vocab, dtype):
     assert (out[[3, 20, 47]] == 0).all(), f"zero-length documents (seed {seed})"
 
 
-def test_poisoned_output_and_no_bias():
+def test_poisoned_output_and_no_bias(seed):
     """Every element written into a NaN-filled buffer; bias None; padded and packed agree on one batch."""
-    seed = _seed()
     w, _, g = _weights(seed, 30_522, torch.bfloat16)
     h = torch.randn(7, 200, HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
     lengths = [200, 1, 0, 133, 64, 65, 199]
@@ -103,10 +96,9 @@ def test_poisoned_output_and_no_bias():
 
 
 @pytest.mark.parametrize(("pooling", "activation"), [("max", "log1p_log1p_relu"), ("sum", "log1p_relu")])
-def test_pooling_variants(pooling, activation):
+def test_pooling_variants(pooling, activation, seed):
     """The fused double log (opensearch v3) and sum pooling (the chunked PyTorch path on CUDA) at a ModernBERT-sized
     vocabulary with packed documents."""
-    seed = _seed()
     w, b, g = _weights(seed, 50_368, torch.bfloat16)
     lengths = [0, 200, 1, 77, 128, 3]
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
@@ -120,8 +112,7 @@ def test_pooling_variants(pooling, activation):
     assert (out[0] == 0).all(), f"zero-length document (seed {seed})"
 
 
-def test_torch_compile_traces_the_custom_op():
-    seed = _seed()
+def test_torch_compile_traces_the_custom_op(seed):
     w, b, g = _weights(seed, 30_522, torch.bfloat16)
     h = torch.randn(4, 64, HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
     mask = torch.ones(4, 64, dtype=torch.bool, device="cuda")
@@ -130,8 +121,8 @@ def test_torch_compile_traces_the_custom_op():
         assert torch.allclose(fn(h, mask), 2.0 * sparton.splade_max(h, w, b, mask))
 
 
-def test_autograd_is_refused():
-    w, b, g = _weights(_seed(), 1_000, torch.bfloat16)
+def test_autograd_is_refused(seed):
+    w, b, g = _weights(seed, 1_000, torch.bfloat16)
     h = torch.randn(2, 8, HIDDEN, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
     with pytest.raises(RuntimeError, match="inference-only"):
         sparton.splade_max(h, w, b, torch.ones(2, 8, device="cuda"))
