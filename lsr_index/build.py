@@ -32,8 +32,9 @@ from .writers import json_vector_line, read_shard, verify_shards
 
 BUILDERS = ("direct", "anserini")
 # Each writer has a fixed cost (a JVM start, its sub-index copied in at the end: ~1.7 s on 2 cores, measured
-# with benchmarks/bench_build.py) that a share below this many documents does not repay.
-_MIN_DOCS_PER_WRITER = 30_000
+# with benchmarks/bench_build.py, where a writer indexes ~2M postings/s) that a share of fewer postings than
+# this does not repay; by default writers are added only past it (an explicit --threads is taken as given).
+_MIN_POSTINGS_PER_WRITER = 7_500_000
 
 
 def available_cores() -> int:
@@ -197,7 +198,6 @@ def build_index(vectors: Path, index: Path, threads: int | None = None, heap: st
     """
     if builder not in BUILDERS:
         raise LsrIndexError(f"unknown builder {builder!r}: choose one of {', '.join(BUILDERS)}")
-    threads = threads or available_cores()
     with exclusive_lock(vectors, shared=True):
         manifest = Manifest.load(vectors)
         if not manifest.complete:
@@ -225,14 +225,15 @@ def build_index(vectors: Path, index: Path, threads: int | None = None, heap: st
                 shutil.rmtree(work, ignore_errors=True)
 
 
-def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: str, threads: int, heap: str,
-           progress: bool) -> dict:
+def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: str, threads: int | None,
+           heap: str, progress: bool) -> dict:
     built = work / "index"
     t0 = time.perf_counter()
     if builder == "direct":
         writers = _build_direct(vectors, manifest, index, work, built, threads, heap, progress)
     else:
-        writers = _build_anserini(vectors, manifest, index, work, built, threads, heap, progress)
+        writers = _build_anserini(vectors, manifest, index, work, built, threads or available_cores(), heap,
+                                  progress)
     seconds = time.perf_counter() - t0
     check_index(built, deep=True)  # before anything reads it: a damaged index is never published
     docs = count_docs(built)
@@ -241,7 +242,8 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
                             "not publishing it" + (_skipped_by_anserini(vectors, manifest) if builder == "anserini"
                                                    else ""))
     info = {"kind": "lsr-index/index", "documents": docs, "build_seconds": round(seconds, 2), "builder": builder,
-            "threads": threads, "writers": writers, "heap": heap, "vectors": str(vectors.resolve()),
+            "threads": threads or available_cores(), "writers": writers, "heap": heap,
+            "vectors": str(vectors.resolve()),
             "vectors_manifest": json.loads((vectors / MANIFEST).read_text())}
     atomic_write_bytes(built / INDEX_MANIFEST, json.dumps(info, indent=2).encode() + b"\n")
     _publish(built, index, work)
@@ -351,9 +353,9 @@ class _Writers:
                     pipe.close()
 
 
-def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int,
+def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int | None,
                   heap: str, progress: bool) -> int:
-    count = max(1, min(threads, manifest.docs // _MIN_DOCS_PER_WRITER))
+    count = threads or max(1, min(available_cores(), manifest.nonzeros // _MIN_POSTINGS_PER_WRITER))
     plans = split(vectors, manifest.shards, count) or [[]]
     # writer 0 writes the index itself, then adds the others' sub-indexes to it
     subs = [built, *(work / f"part-{k}" for k in range(1, len(plans)))]

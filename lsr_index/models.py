@@ -79,9 +79,12 @@ def _fetch_embedded(name: str, spec: EmbeddedModel, target: Path) -> None:
         got = sha256_file(staging / WEIGHTS_FILE)
         if got != spec.sha256:
             raise LsrIndexError(f"embedded model {name!r}: checksum mismatch (got {got}, want {spec.sha256})")
-        if target.exists():  # a concurrent fetch won; keep theirs
-            return
-        staging.rename(target)
+        try:
+            staging.rename(target)
+        except OSError:
+            if not (target / WEIGHTS_FILE).exists():
+                raise
+            # a concurrent fetch published first: keep theirs
 
 
 def resolve_model(name_or_path: str) -> Path:

@@ -74,11 +74,10 @@ def sample_queries(splade_tiny, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["jsonl.gz", "parquet"])
 @pytest.mark.parametrize("writers", [1, 2])
-def test_direct_index_searches_exactly_like_anserinis(sample_queries, tmp_path, monkeypatch, fmt, writers):
+def test_direct_index_searches_exactly_like_anserinis(sample_queries, tmp_path, fmt, writers):
     """Top-1000 ids, order and scores of all 60 sample queries; two writers merge into the same results."""
     work, queries, expected = sample_queries
-    monkeypatch.setattr(build, "_MIN_DOCS_PER_WRITER", 400 // writers)
-    info = build.build_index(work / fmt, tmp_path / "index", threads=2, heap="1g", progress=False)
+    info = build.build_index(work / fmt, tmp_path / "index", threads=writers, heap="1g", progress=False)
     assert (info["builder"], info["writers"], info["documents"]) == ("direct", writers, 400)
     assert search(tmp_path / "index", queries) == expected
     assert len(expected) == 60 and sum(len(hits) for hits in expected.values()) > 60 * 300

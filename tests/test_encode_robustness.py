@@ -237,7 +237,7 @@ def _chunks_recorded(out: Path) -> int:
 @pytest.mark.parametrize(("fmt", "sig"), [("jsonl.gz", signal.SIGKILL), ("parquet", signal.SIGINT)])
 def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(tmp_path, fmt, sig):
     lines = sample_lines()
-    copies = 8  # 3,200 documents: one shard (default shard_docs), 13 pieces of 256; long enough on an idle
+    copies = 4  # 1,600 documents: one shard (default shard_docs), 7 pieces of 256; long enough on an idle
     corpus = tmp_path / "c.jsonl"  # machine to outlast the manifest's once-a-second saves
     corpus.write_text("".join(json.dumps({**json.loads(line), "id": f"{k}-" + json.loads(line)["id"]}) + "\n"
                               for k in range(copies) for line in lines))

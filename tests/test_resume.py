@@ -34,14 +34,14 @@ def _kill_after_first_shard(cmd: list[str], out: Path) -> subprocess.Popen:
 
 def test_resume_with_another_shard_size_is_refused(tmp_path):
     out = tmp_path / "v"
-    cmd = [*LSR, "encode", str(SAMPLE), "-o", str(out), "--shard-docs", "20", "--doc-max-length", "128",
+    cmd = [*LSR, "encode", str(SAMPLE), "-o", str(out), "--shard-docs", "20", "--doc-max-length", "32",
            "--format", "jsonl"]
     proc = _kill_after_first_shard(cmd, out)
     proc.kill()
     proc.wait()
     assert 1 <= _shards(out) < 20, "the first run was not cut short: nothing to resume"
     again = lsr("encode", str(SAMPLE), "-o", str(out), "--shard-docs", "50", "--format", "jsonl",
-                "--doc-max-length", "128")
+                "--doc-max-length", "32")
     assert again.returncode == 1 and "shard_docs" in again.stderr, again.stderr
 
 
@@ -49,7 +49,7 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     """Orphaned workers would go on writing shards nobody records, beside a rerun that takes the lock."""
     out = tmp_path / "v"
     cmd = [*LSR, "encode", str(SAMPLE), "-o", str(out), "--device", "cpu,cpu", "--shard-docs", "20",
-           "--doc-max-length", "128", "--format", "jsonl"]
+           "--doc-max-length", "32", "--format", "jsonl"]
     proc = _kill_after_first_shard(cmd, out)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -58,7 +58,7 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     later = len(list((out / "shards").glob("part-*")))
     assert at_kill < 20 and later <= at_kill + 2, (at_kill, later)  # at most the shards already being renamed
     done = lsr("encode", str(SAMPLE), "-o", str(out), "--device", "cpu,cpu", "--shard-docs", "20",
-               "--doc-max-length", "128", "--format", "jsonl")
+               "--doc-max-length", "32", "--format", "jsonl")
     assert done.returncode == 0, done.stderr
 
 
