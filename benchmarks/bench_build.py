@@ -6,8 +6,9 @@ splade-tiny (`--fit`, encoded here when not given) gives the distribution of ter
 ×10 divides the impacts by 10 (at least 1). Shards are jsonl.gz, as `encode` writes them; the small set is
 cut in two shards so that Anserini (one thread per input file) can use two threads.
 
-Two sets: the large one (`--docs`, ×100) is built by the direct builder on one thread and on every core; the
-small one (`--small-docs`, ×100 and ×10) by both builders, since Anserini's fake words take ~20× longer.
+Two sets: the large one (`--docs`, ×100) is built by the direct builder on one thread and on every core,
+`--rounds` times each, alternated (ratios compare medians; the PNG shows the median runs); the small one
+(`--small-docs`, ×100 and ×10) by both builders, since Anserini's fake words take ~20× longer.
 Every row has wall-clock and CPU-time rates (the CPU time of this process and its children): on a machine
 shared with other work the CPU-time rate is the one that compares.
 
@@ -104,7 +105,8 @@ def main() -> None:
     parser.add_argument("--fit", type=Path, help="vectors directory to fit (default: encode data/sample)")
     parser.add_argument("--docs", type=int, default=200_000, help="the large set (direct builder only)")
     parser.add_argument("--small-docs", type=int, default=12_000, help="the set both builders build")
-    parser.add_argument("--million", type=int, default=0, help="documents for a direct all-cores run; 0: skip")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each thread count on the large set")
+    parser.add_argument("--million", type=int, default=0, help="documents for direct runs on 1 and all cores; 0: skip")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lsr-bench-build")
     parser.add_argument("--tag", default=f"{available_cores()}core")
     args = parser.parse_args()
@@ -123,7 +125,7 @@ def main() -> None:
     def run(vectors: Path, builder: str, threads: int, scale: str) -> Path:
         index = args.work / f"index-{builder}-{threads}-{scale}-{vectors.name}"
         cpu0 = cpu_seconds()
-        info = build_index(vectors, index, threads=threads, heap="3g", progress=False, builder=builder)
+        info = build_index(vectors, index, threads=threads, heap="3g", progress=False, builder=builder, overwrite=True)
         cpu = cpu_seconds() - cpu0
         manifest = Manifest.load(vectors)
         row = {"builder": builder, "threads": threads, "scale": scale, "docs": info["documents"],
@@ -147,13 +149,15 @@ def main() -> None:
         run(vectors["x10"], builder, 1, "x10")
     large = args.work / "large-x100"
     synthesize(model, large, args.docs, 1)
-    for threads in sorted({1, cores}):
-        run(large, "direct", threads, "x100")
+    for _ in range(args.rounds):  # alternated, so that a passing disturbance hits both alike; medians compared
+        for threads in sorted({1, cores}):
+            run(large, "direct", threads, "x100")
     shutil.rmtree(large)
     if args.million:
         big = args.work / "vectors-1M"
         synthesize(model, big, args.million, 1)
-        run(big, "direct", cores, "x100")
+        for threads in sorted({1, cores}):
+            run(big, "direct", threads, "x100")
         shutil.rmtree(big)
 
     search = {}
@@ -172,8 +176,8 @@ def main() -> None:
     identical = search["direct"]["ranked"] == search["anserini"]["ranked"]
 
     def rate(builder: str, threads: int, scale: str, docs: int, key: str) -> float:
-        return next(r[key] for r in rows if (r["builder"], r["threads"], r["scale"], r["docs"]) == (
-            builder, threads, scale, docs))
+        return float(np.median([r[key] for r in rows if (r["builder"], r["threads"], r["scale"], r["docs"]) == (
+            builder, threads, scale, docs)]))
 
     ratios = {}
     for key in ("docs_per_s", "docs_per_cpu_s"):
@@ -185,6 +189,8 @@ def main() -> None:
             / rate("anserini", cores, "x100", small, key),
             "direct_all_cores_vs_1thread_x100_large": rate("direct", cores, "x100", big, key)
             / rate("direct", 1, "x100", big, key),
+            **({"direct_all_cores_vs_1thread_x100_million": rate("direct", cores, "x100", args.million, key)
+                / rate("direct", 1, "x100", args.million, key)} if args.million else {}),
             "anserini_all_cores_vs_1thread_x100": rate("anserini", cores, "x100", small, key)
             / rate("anserini", 1, "x100", small, key),
             "direct_x10_vs_x100_1thread": rate("direct", 1, "x10", small, key) / rate("direct", 1, "x100", small, key),
@@ -227,6 +233,10 @@ def plot(rows: list[dict], path: Path, machine: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    by_config: dict[tuple, list[dict]] = {}
+    for r in rows:
+        by_config.setdefault((r["builder"], r["threads"], r["scale"], r["docs"]), []).append(r)
+    rows = [sorted(runs, key=lambda r: r["seconds"])[len(runs) // 2] for runs in by_config.values()]  # medians
     fig, ax = plt.subplots(figsize=(8, 4.5))
     labels = [f"{r['builder']}\n{r['threads']} thr {r['scale']}\n{r['docs'] // 1000}k" for r in rows]
     colors = ["tab:blue" if r["builder"] == "direct" else "tab:orange" for r in rows]
