@@ -275,7 +275,8 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
     t0 = time.perf_counter()
     try:
         run = searching.search(index, topics, hits=hits, threads=threads, model=model,
-                               device=_devices(device)[0], progress=ctx.obj["progress"])
+                               device=_devices(device)[0], progress=ctx.obj["progress"],
+                               notice=lambda text: click.echo(f"note: {text}", err=True))
         searching.write_run(run_path, run, run_format)
     except KeyboardInterrupt:  # Java may still be searching in its own threads: end now, not after them
         click.echo(f"{'terminated' if received[0] == signal.SIGTERM else 'interrupted'}: no run was written",

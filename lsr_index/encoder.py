@@ -91,6 +91,10 @@ class SpladeEncoder:
                            np.int64, len(encodings))
         return Tokens(ids, offsets, full)
 
+    def token_counts(self, texts: Sequence[str], max_length: int) -> np.ndarray:
+        """Each text's length in tokens before truncation at `max_length` (special tokens included)."""
+        return self.tokenize(texts, max_length).full_lengths
+
     @torch.inference_mode()
     def encode_ids(self, tokens: Tokens, then: Callable[[torch.Tensor], T] = _identity
                    ) -> Iterator[tuple[np.ndarray, T]]:

@@ -53,6 +53,11 @@ class TokenWeightEncoder:
         self.model = model
         self._weights = torch.from_numpy(model.weights)
 
+    def token_counts(self, texts: list[str], max_length: int) -> np.ndarray:
+        """Each text's length in tokens before truncation at `max_length` (no special tokens, as `encode`)."""
+        ids = self.model.tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
+        return np.array([len(i) for i in ids], np.int64)
+
     def encode(self, texts: list[str], max_length: int) -> torch.Tensor:
         ids = self.model.tokenizer(list(texts), add_special_tokens=False, truncation=True, max_length=max_length,
                                    padding=True, return_tensors="pt")

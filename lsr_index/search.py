@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .durable import atomic_write_bytes
@@ -56,11 +56,23 @@ def encode_queries(encoder, quantization: Quantization, queries: Sequence[tuple[
     return out
 
 
+def truncated_queries(encoder, queries: Sequence[tuple[str, str]], max_length: int) -> str | None:
+    """A line on the queries cut at `max_length` tokens (the index's setting), or None when none was."""
+    lengths = encoder.token_counts([text for _, text in queries], max_length)
+    cut = int((lengths > max_length).sum())
+    if not cut:
+        return None
+    return (f"{cut:,} of {len(queries):,} queries ({cut / len(queries):.1%}) were cut at the index's "
+            f"query_max_length {max_length}; the longest had {int(lengths.max()):,} tokens")
+
+
 def search(index: Path, queries: Sequence[tuple[str, str]], hits: int = 1000, threads: int = 1,
-           model: str | None = None, device: str = "cpu", backend: str = "auto", progress: bool = False) -> Run:
+           model: str | None = None, device: str = "cpu", backend: str = "auto", progress: bool = False,
+           notice: Callable[[str], object] = lambda text: None) -> Run:
     """Search one generation of `index` from start to end: its record and its Lucene files are read through one
     open, share-locked directory (see IndexGeneration), so a `build --overwrite` meanwhile changes nothing.
-    Lucene is opened and verified before the model is loaded: a damaged index fails at once."""
+    Lucene is opened and verified before the model is loaded: a damaged index fails at once. `notice` gets a
+    line when queries were cut at the index's query length."""
     note(f"opening {index}…", progress)
     with IndexGeneration(index) as generation:
         _, manifest = generation.record()
@@ -68,8 +80,10 @@ def search(index: Path, queries: Sequence[tuple[str, str]], hits: int = 1000, th
         try:
             note(f"loading the query model {model or manifest.query['name']}…", progress)
             encoder, quantization = query_encoder(manifest, index, model, device, backend)
-            vectors = encode_queries(encoder, quantization, queries, manifest.encoder["query_max_length"],
-                                     progress=progress)
+            max_length = manifest.encoder["query_max_length"]
+            if cut := truncated_queries(encoder, queries, max_length):
+                notice(cut)
+            vectors = encode_queries(encoder, quantization, queries, max_length, progress=progress)
             with bar(progress, total=len(vectors), desc="search", unit=" q") as searching:
                 return searcher.search(vectors, hits=hits, threads=threads, progress=searching.update)
         finally:

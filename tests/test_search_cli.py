@@ -79,3 +79,23 @@ def test_an_old_index_holding_ids_a_run_cannot_hold_is_refused_by_name(splade_ti
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"error: {run}: not written: document id 'rel ' contains whitespace (U+0020 at character 4)")
     assert not run.parent.exists() and "nDCG" not in done.stdout
+
+
+@pytest.mark.lucene
+def test_queries_cut_at_the_index_query_length_are_reported(splade_tiny, judged_index, tmp_path):
+    """The index's query_max_length cuts long queries: search says how many, their share and the longest."""
+    from lsr_index.search import search
+
+    queries = read_queries(SAMPLE / "queries.tsv")
+    lengths = [len(ids) for ids in splade_tiny.tokenizer([text for _, text in queries])["input_ids"]]
+    assert max(lengths) <= 64  # the judged index keeps every sample query whole: nothing to say
+    said: list[str] = []
+    search(judged_index[0], queries, hits=10, notice=said.append)
+    assert said == []
+    docs = random_docs(query_terms(splade_tiny, 50), docs=40, per_doc=10, max_impact=60, seed=5)
+    index = build(write_vectors(tmp_path / "vectors", splade_tiny, docs, query_max_length=12), tmp_path / "index")
+    cut = sum(n > 12 for n in lengths)
+    assert 0 < cut < len(queries)
+    search(index, queries, hits=10, notice=said.append)
+    assert said == [f"{cut} of {len(queries)} queries ({cut / len(queries):.1%}) were cut at the index's "
+                    f"query_max_length 12; the longest had {max(lengths)} tokens"]
