@@ -321,10 +321,14 @@ class _Writers:
     def _release_merger(self) -> bool:
         """Tell the merging writer to go on once every other writer has exited cleanly (True when told now)."""
         merger = self.procs[0]
-        if merger.stdin is None or merger.stdin.closed or any(p.poll() != 0 for p in self.procs[1:]):
+        if (merger.stdin is None or merger.stdin.closed or merger.poll() is not None
+                or any(p.poll() != 0 for p in self.procs[1:])):
             return False
-        merger.stdin.write(MERGE.encode() + b"\n")
-        merger.stdin.close()
+        try:
+            merger.stdin.write(MERGE.encode() + b"\n")
+            merger.stdin.close()
+        except BrokenPipeError:  # it died just now: its own words, read from its stderr, say why
+            return False
         return True
 
     def _check(self, index: Path) -> None:

@@ -287,13 +287,15 @@ def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
 
 
 def _sample_lines(path: Path, kind: str | None) -> tuple[int, bool, int]:
-    """(lines in the first _SAMPLE_BYTES of content, whether that was all of it, bytes on disk read for it)."""
+    """(lines in the first _SAMPLE_BYTES of content, whether that was all of it, bytes on disk read for it);
+    a file read whole counts its non-blank lines, its records."""
     with open(path, "rb") as raw:
         content = open_decompressed(raw, kind) if kind else raw
         sample = content.read(_SAMPLE_BYTES)
         whole = not content.read(1)
-        lines = sample.count(b"\n") + (1 if whole and sample and not sample.endswith(b"\n") else 0)
-        return lines, whole, raw.tell()
+        if whole:  # every record: blank lines hold none
+            return sum(1 for line in sample.split(b"\n") if line.strip()), True, raw.tell()
+        return sample.count(b"\n"), False, raw.tell()
 
 
 def _table_rows(path: Path) -> int:

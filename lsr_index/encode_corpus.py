@@ -264,8 +264,8 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
     """Encode `job` into `out`, resuming whatever an earlier run left; one worker per device."""
     with planned(job, out) as plan:
         resumed_at = plan.manifest.docs + sum(c.docs for c in plan.manifest.chunks)
-        t0, started_at = time.perf_counter(), time.time()
         bar = EncodeBar(job.reader(), resumed_at, job.options.progress)
+        t0, started_at = time.perf_counter(), time.time()
         tokens = 0
 
         def on_progress(docs: int, new_tokens: int) -> None:

@@ -80,6 +80,7 @@ def _joined(vector: dict, delimiter: str) -> tuple[str, int]:
 _HEAD, _VECTOR = b'{"id":"', b'","contents":"","vector":{'
 _DELIMITER_BYTES = DELIMITER.encode()
 _TO_TEXT = bytes.maketrans(b":,", _DELIMITER_BYTES + b" ")
+_JSON_SPACE = (b" ", b"\t", b"\r", b"\n")
 
 
 def _fast_doc(line: bytes) -> tuple[str, str] | None:
@@ -89,7 +90,8 @@ def _fast_doc(line: bytes) -> tuple[str, str] | None:
     quote (JSON escapes it), so the vector's quotes are the terms' own: 2k - 1 after the first for k terms.
     When it also holds exactly k colons and k - 1 commas, those are the structure's and no term holds one:
     deleting the quotes and mapping `:` to the delimiter and `,` to a space is then the text, in one pass.
-    Anything else (such terms, a term with the delimiter, an impact ≤ 0) takes the general path.
+    Anything else (such terms, a term with the delimiter, an impact ≤ 0, JSON spaced otherwise) takes the
+    general path.
     """
     end = line.rfind(b"}}")
     if not line.startswith(_HEAD) or b"\\" in line or end < 0 or line[end + 2:].strip():
@@ -100,7 +102,8 @@ def _fast_doc(line: bytes) -> tuple[str, str] | None:
         return None
     terms = (body.count(b'"') + 1) // 2
     if (body.count(b":") != terms or body.count(b",") != terms - 1 or b":0" in body
-            or (b"-" in body and b":-" in body) or _DELIMITER_BYTES in body):  # "-" first: a fast one-byte scan
+            or (b"-" in body and b":-" in body) or _DELIMITER_BYTES in body  # "-" first: a fast one-byte scan
+            or any(space in body for space in _JSON_SPACE)):  # the writer puts none between tokens
         return None
     return line[len(_HEAD):at].decode(), body.translate(_TO_TEXT, b'"').decode()
 

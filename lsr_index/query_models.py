@@ -55,6 +55,8 @@ class TokenWeightEncoder:
 
     def token_counts(self, texts: list[str], max_length: int) -> np.ndarray:
         """Each text's length in tokens before truncation at `max_length` (no special tokens, as `encode`)."""
+        if not texts:
+            return np.zeros(0, np.int64)
         ids = self.model.tokenizer(list(texts), add_special_tokens=False, verbose=False)["input_ids"]
         return np.array([len(i) for i in ids], np.int64)
 

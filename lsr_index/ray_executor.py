@@ -193,8 +193,8 @@ class _Run:
         reader = self.job.reader()
         shards = itertools.groupby(pieces(reader, self.job.options.shard_docs), key=lambda piece: piece.shard)
         stream = prefetch(((k, list(group)) for k, group in shards if k not in self.done), depth=READ_AHEAD)
-        t0, started_at = time.perf_counter(), time.time()
         self.bar = EncodeBar(reader, self.resumed_at, self.job.options.progress)
+        t0, started_at = time.perf_counter(), time.time()
         read_all = False
         try:
             while True:

@@ -58,6 +58,8 @@ def encode_queries(encoder, quantization: Quantization, queries: Sequence[tuple[
 
 def truncated_queries(encoder, queries: Sequence[tuple[str, str]], max_length: int) -> str | None:
     """A line on the queries cut at `max_length` tokens (the index's setting), or None when none was."""
+    if not queries:
+        return None
     lengths = encoder.token_counts([text for _, text in queries], max_length)
     cut = int((lengths > max_length).sum())
     if not cut:

@@ -33,6 +33,12 @@ def test_a_small_jsonl_file_is_counted_exactly(tmp_path, suffix):
     assert CorpusReader(path).estimate_docs() == (1234, True)
 
 
+def test_blank_lines_of_a_file_read_whole_are_not_documents(tmp_path):
+    path = tmp_path / "c.jsonl"
+    path.write_text('\n{"id": "a", "text": "x"}\n  \n\n{"id": "b", "text": "y"}')  # no final newline either
+    assert CorpusReader(path).estimate_docs() == (2, True)
+
+
 @pytest.mark.parametrize("suffix", ["", ".gz"])
 def test_a_large_jsonl_file_is_estimated_from_its_first_bytes(tmp_path, suffix):
     path = tmp_path / f"c.jsonl{suffix}"

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -19,8 +20,9 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from lsr_index.errors import LsrIndexError
+from lsr_index.impact_writer import DELIMITER, _fast_doc, _joined
 from lsr_index.quantize import Quantization, SparseVectors, quantize
-from lsr_index.writers import FORMATS, ShardWriter, read_shard
+from lsr_index.writers import FORMATS, ShardWriter, json_vector_line, read_shard
 
 # FUZZ_EXAMPLES=2000 for a long local run; CI keeps it short
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 60)), deadline=None,
@@ -164,3 +166,37 @@ def test_impacts_beyond_int32_or_non_finite_are_refused_not_wrapped():
     for weights in ([[3e7, 1.0]], [[float("nan"), 1.0]], [[float("inf"), 0.0]]):
         with pytest.raises(LsrIndexError, match="overflow int32"):
             quantize(torch.tensor(weights), Quantization(scale=100.0))
+
+
+# --- the direct builder's fast path: the text it cuts out of a line equals the parsed line's ----------------
+
+_TERM_CHARS = st.sampled_from(list(':,"\\\x01-0 }{[]ab\u00e9\U0001F600\t\n'))
+_TERMS = st.text(alphabet=_TERM_CHARS, max_size=6) | st.text(max_size=4)
+_WEIGHTS = st.integers(min_value=-3, max_value=2**63 - 1) | st.sampled_from([0, 1, 10, -1])
+
+
+def _parsed(line: bytes) -> tuple[str, str]:
+    record = orjson.loads(line)
+    return record["id"], _joined(record["vector"], DELIMITER)[0]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=_TERM_CHARS, max_size=6), st.dictionaries(_TERMS, _WEIGHTS, max_size=6),
+       st.sampled_from(["", " ", "\r\n", "\t"]), st.sampled_from([",", ", ", " ,"]), st.sampled_from([":", ": ", " :"]))
+def test_the_fast_path_cuts_the_text_the_parser_reads_or_declines(doc_id, vector, tail, comma, colon):
+    """As `json_vector_line` writes a line, and spaced otherwise: the fast path returns the general path's
+    (id, text) or None, never another text (terms with quotes, colons, commas, the delimiter; impacts ≤ 0)."""
+    line = json_vector_line(doc_id, vector)
+    for candidate in (line, _respaced(line, tail, comma, colon)):
+        fast = _fast_doc(candidate)
+        assert fast is None or fast == _parsed(candidate), (candidate, fast)
+    # declined only for an escape (a quote, backslash or control character), a term holding ':', ',', a space or
+    # the delimiter, an impact ≤ 0, or an empty vector
+    assert _fast_doc(line) is not None or b"\\" in line or not vector or any(
+        c in t for t in vector for c in ':, \x01') or min(vector.values()) <= 0, line
+
+
+def _respaced(line: bytes, tail: str, comma: str, colon: str) -> bytes:
+    head, _, body = line.rstrip(b"\n").partition(b'"vector":{')
+    body = body.replace(b'":', b'"' + colon.encode()).replace(b',"', comma.encode() + b'"')
+    return head + b'"vector":{' + body + tail.encode()

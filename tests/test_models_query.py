@@ -46,6 +46,9 @@ def test_token_weight_table_encodes_queries_without_a_model(tmp_path, table):
     assert got.shape == (len(TEXTS), len(query.vocab))
     for text, row in zip(TEXTS, got):
         assert _as_terms(query, row) == pytest.approx(_by_hand(tokenizer, weights, text))
+    counts = encoder_for(query).token_counts(TEXTS, max_length=4)  # what truncation at 4 would cut
+    assert counts.tolist() == [len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in TEXTS]
+    assert encoder_for(query).token_counts([], max_length=4).tolist() == []
 
 
 def test_sentence_transformers_router_with_static_query_route(tmp_path):
