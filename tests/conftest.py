@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,6 @@ def pytest_configure(config: pytest.Config) -> None:
     markexpr = config.option.markexpr or ""
     if "gpu" not in markexpr.replace("not gpu", ""):
         os.environ.setdefault("TRITON_INTERPRET", "1")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files holding slow tests first, those of fewest tests (one long test: the SciFact reproduction) leading;
-    the rest in their order. With one process per core taking whole files, the longest then start at once
-    instead of running alone at the end while the other cores idle."""
-    sizes = Counter(item.path for item in items)
-    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: (item.path not in slow_files, sizes[item.path] if item.path in slow_files else 0))
 
 
 @pytest.fixture
