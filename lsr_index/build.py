@@ -31,9 +31,10 @@ from .progress import bar
 from .writers import json_vector_line, read_shard, verify_shards
 
 BUILDERS = ("direct", "anserini")
-# Each writer has a fixed cost (a JVM start, its sub-index copied in at the end: ~1.7 s on 2 cores, measured
-# with benchmarks/bench_build.py, where a writer indexes ~2M postings/s) that a share of fewer postings than
-# this does not repay; by default writers are added only past it (an explicit --threads is taken as given).
+# Each writer has fixed costs (a JVM start, a final flush, its sub-index copied in) that a small share does not
+# repay: in benchmarks/bench_build.py on 2 cores, 12k documents (3M postings) built in 3.36 s on two writers
+# against 2.46 s on one, 200k (49M) 1.57x faster on two. By default a writer is added per this many postings,
+# a point between those two; an explicit --threads is taken as given.
 _MIN_POSTINGS_PER_WRITER = 7_500_000
 
 
@@ -234,6 +235,7 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
     else:
         writers = _build_anserini(vectors, manifest, index, work, built, threads or available_cores(), heap,
                                   progress)
+    threads = threads or available_cores()
     seconds = time.perf_counter() - t0
     check_index(built, deep=True)  # before anything reads it: a damaged index is never published
     docs = count_docs(built)
@@ -242,7 +244,7 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
                             "not publishing it" + (_skipped_by_anserini(vectors, manifest) if builder == "anserini"
                                                    else ""))
     info = {"kind": "lsr-index/index", "documents": docs, "build_seconds": round(seconds, 2), "builder": builder,
-            "threads": threads or available_cores(), "writers": writers, "heap": heap,
+            "threads": threads, "writers": writers, "heap": heap,
             "vectors": str(vectors.resolve()),
             "vectors_manifest": json.loads((vectors / MANIFEST).read_text())}
     atomic_write_bytes(built / INDEX_MANIFEST, json.dumps(info, indent=2).encode() + b"\n")

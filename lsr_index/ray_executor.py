@@ -191,9 +191,9 @@ class _Run:
 
     def go(self) -> Manifest:
         reader = self.job.reader()
+        self.bar = EncodeBar(reader, self.resumed_at, self.job.options.progress)
         shards = itertools.groupby(pieces(reader, self.job.options.shard_docs), key=lambda piece: piece.shard)
         stream = prefetch(((k, list(group)) for k, group in shards if k not in self.done), depth=READ_AHEAD)
-        self.bar = EncodeBar(reader, self.resumed_at, self.job.options.progress)
         t0, started_at = time.perf_counter(), time.time()
         read_all = False
         try:

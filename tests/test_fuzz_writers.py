@@ -182,7 +182,8 @@ def _parsed(line: bytes) -> tuple[str, str]:
 
 @settings(max_examples=400, deadline=None)
 @given(st.text(alphabet=_TERM_CHARS, max_size=6), st.dictionaries(_TERMS, _WEIGHTS, max_size=6),
-       st.sampled_from(["", " ", "\r\n", "\t"]), st.sampled_from([",", ", ", " ,"]), st.sampled_from([":", ": ", " :"]))
+       st.sampled_from(["", " ", "\r\n", "\t"]), st.sampled_from([",", ", ", " ,", ",\t", "\r,"]),
+       st.sampled_from([":", ": ", " :", ":\t"]))
 def test_the_fast_path_cuts_the_text_the_parser_reads_or_declines(doc_id, vector, tail, comma, colon):
     """As `json_vector_line` writes a line, and spaced otherwise: the fast path returns the general path's
     (id, text) or None, never another text (terms with quotes, colons, commas, the delimiter; impacts ≤ 0)."""
