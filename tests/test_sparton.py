@@ -238,20 +238,23 @@ def test_interpreter_suite_in_subprocess():
 # ---------------------------------------------------------------- the PyTorch reference and the dispatcher
 
 
+@pytest.mark.parametrize("pooling", ["max", "sum"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_reference_chunked_over_vocab(monkeypatch, dtype, seed):
-    """Chunks far smaller than V, so the chunk loop and its edges are exercised."""
-    monkeypatch.setattr(reference, "_CHUNK_ELEMS", 97)
+def test_reference_blocked_over_tokens_and_vocab(monkeypatch, dtype, pooling, seed):
+    """Blocks far smaller than T and V, so both block loops and their edges are exercised (a document spans
+    several token blocks)."""
+    monkeypatch.setattr(reference, "_BLOCK_TOKENS", 5)
+    monkeypatch.setattr(reference, "_BLOCK_VOCAB", 97)
     h, w, b, g = _inputs(seed, 3, 11, 16, 301, dtype)
     mask = torch.rand(3, 11, generator=g) < 0.6
     mask[1] = False
-    out = sparton.splade_max_reference(h, w, b, mask)
-    _check(out, _oracle(h, w, b, mask), dtype, seed, "reference padded")
+    out = sparton.splade_max_reference(h, w, b, mask, pooling=pooling)
+    _check(out, _oracle(h, w, b, mask, pooling), dtype, seed, f"reference padded {pooling}")
     assert (out[1] == 0).all()
     lengths = [4, 0, 11]
     tokens, cu = _pack(h, lengths)
-    packed = sparton.splade_max_packed(tokens, w, b, cu, backend="torch")
-    _check(packed, _oracle(h, w, b, _prefix_mask(lengths, 11)), dtype, seed, "reference packed")
+    packed = sparton.splade_max_packed(tokens, w, b, cu, backend="torch", pooling=pooling)
+    _check(packed, _oracle(h, w, b, _prefix_mask(lengths, 11), pooling), dtype, seed, f"reference packed {pooling}")
 
 
 def test_auto_backend_on_cpu_uses_reference(monkeypatch, seed):
