@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -26,7 +27,16 @@ from .encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
 from .errors import LsrIndexError
 from .manifest import Chunk, Part, Shard
 from .quantize import SparseVectors, quantize
-from .writers import ShardWriter, check_vocab, chunk_file, concatenate, serialize_in_worker, serializer_init, shard_file
+from .writers import (
+    ShardWriter,
+    SharedVocab,
+    check_vocab,
+    chunk_file,
+    concatenate,
+    serialize_in_worker,
+    serializer_init,
+    shard_file,
+)
 
 if TYPE_CHECKING:  # torch and the model load inside the task: a spawned worker imports this module first
     from .encoder import Tokens
@@ -231,15 +241,22 @@ class ShardEncoder:
         # a GPU outpaces the JSON/gzip serialization of its vectors: half its host cores serialize beside it, in
         # processes started once (a cluster's encoder runs the task once per shard)
         self.serializers = min(8, max(1, cores // 2)) if device.startswith("cuda") else 0
-        self.pool = None
+        self.pool, self.shared_vocab = None, None
         if self.serializers and job.options.output_format != "parquet":
+            self.shared_vocab = SharedVocab(model.vocab)
             self.pool = ProcessPoolExecutor(self.serializers, mp_context=mp.get_context("spawn"),
-                                            initializer=serializer_init, initargs=(list(model.vocab),))
+                                            initializer=serializer_init,
+                                            initargs=(self.shared_vocab.name, self.shared_vocab.size))
+            # started now, while the first pieces are read and encoded: the pool would otherwise start each process
+            # at a submit, and the first pieces' serialization would wait for an interpreter start and its imports
+            for _ in range(self.serializers):
+                self.pool.submit(int)
 
     def close(self, wait: bool = True) -> None:
         """End the serializer processes (`wait=False`: after a failure, dropping queued work)."""
         if self.pool:
             self.pool.shutdown(wait=wait, cancel_futures=not wait)
+            self.shared_vocab.close()
 
     def run(self, out: Path, assignment: Assignment, emit: Callable[[Part], None],
             progress: Callable[[int, int], None], source: Iterable[Piece] | None = None) -> WorkerResult:
@@ -269,17 +286,35 @@ class ShardEncoder:
                 yield piece, ids, tokens, _piece_stats(job, piece.start, ids, texts, tokens)
 
         sink = _ShardSink(out, job, self.vocab, emit, self.pool, self.serializers, assignment)
-        try:
-            for piece, ids, token_ids, stats in prefetch(tokenized()):
+        pending: dict[int, tuple[Piece, list[str] | None, Tokens | None, _Stats, list]] = {}  # read, not yet sunk
+
+        def to_encode() -> Iterator[tuple[int, Tokens]]:
+            """The pieces with documents to encode, numbered; all pieces wait in `pending` for their turn."""
+            nonlocal ready_at
+            for n, (piece, ids, tokens, stats) in enumerate(prefetch(tokenized())):
                 ready_at = ready_at or time.time()
-                vectors = None
+                pending[n] = (piece, ids, tokens, stats, [])
                 if ids is not None:
-                    parts = []
-                    for pos, part in encoder.encode_ids(token_ids, then=lambda w: quantize(w, options.quantization)):
-                        parts.append((pos, part))
-                        progress(len(pos), int(token_ids.lengths[pos].sum()))
-                    vectors = SparseVectors.stack(parts, len(ids))
-                sink.put(piece, ids, vectors, stats)
+                    yield n, tokens
+
+        def sink_until(n: int | None) -> None:
+            """Hand the sink the pieces before n (None: all) that had nothing to encode (checkpointed earlier)."""
+            for k in sorted(k for k in pending if n is None or k < n):
+                piece, *_ = pending.pop(k)
+                sink.put(piece, None, None, _Stats())
+
+        try:
+            quantizer = partial(quantize, q=options.quantization)
+            for n, positions, part in encoder.encode_stream(to_encode(), quantizer):
+                piece, ids, tokens, stats, parts = pending[n]
+                if positions is not None:
+                    parts.append((positions, part))
+                    progress(len(positions), int(tokens.lengths[positions].sum()))
+                    continue
+                sink_until(n)
+                del pending[n]
+                sink.put(piece, ids, SparseVectors.stack(parts, len(ids)), stats)
+            sink_until(None)
         except BaseException:
             sink.close(wait=False)
             raise
@@ -296,12 +331,13 @@ def skipped_records(reader: CorpusReader) -> list[dict]:
 
 
 def _reuse_freed_memory() -> None:
-    """On CPU the LM head allocates and frees a [tokens, vocabulary chunk] block of up to 256 MB per chunk. glibc
-    serves blocks past 32 MB with mmap and unmaps them on free, so each chunk faulted in ~65,000 fresh zeroed pages:
+    """On CPU each batch allocates and frees blocks of tens of MB (the body's activations; the LM head's [tokens,
+    vocabulary chunk] blocks of up to 256 MB did too, before they were cut to cache size: kernels/reference.py). glibc
+    serves blocks past 32 MB with mmap and unmaps them on free, so each block faulted in ~65,000 fresh zeroed pages:
     a quarter to a third of CPU encode time was system time (SciFact, 300 documents on 2 cores: 2.5 M minor faults,
     7.5 s system of 30 s). Serving large blocks from the heap and keeping it across frees reuses those pages
     (1.07 M faults, 3.8 s system, the same user time and bytes; set at process start through MALLOC_MMAP_MAX_=0 the
-    same tuning gave 0.41 M and 2.0 s). Smaller chunks would avoid mmap too, but doubled user time."""
+    same tuning gave 0.41 M and 2.0 s; all measured with the head's old blocks)."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc: nothing to tune

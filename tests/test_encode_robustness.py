@@ -278,10 +278,10 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
     from lsr_index.encode_job import Piece
     from lsr_index.encode_shard import Assignment, _ShardSink, _Stats
     from lsr_index.quantize import SparseVectors
-    from lsr_index.writers import serializer_init
+    from lsr_index.writers import SharedVocab, serializer_init
 
     rng = np.random.default_rng(seed)
-    vocab = np.array([f"t{i}" for i in range(500)], dtype=object)
+    vocab = np.array([f"t{i}" for i in range(497)] + ["über", "日本", "##ß"], dtype=object)
     chunks = []
     for n in (7, 1, 12):
         lengths = rng.integers(0, 30, n)
@@ -291,8 +291,9 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
                        SparseVectors(indptr, terms, rng.integers(1, 300, int(indptr[-1])).astype(np.int32))))
     shas = []
     # the same pool serves two shards in turn, as it serves a cluster's encoder shard after shard
+    shared = SharedVocab(vocab.tolist())
     pool = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"), initializer=serializer_init,
-                               initargs=(vocab.tolist(),))
+                               initargs=(shared.name, shared.size))
     for name, serializers in (("thread", 0), ("pool", 2), ("pool again", 2)):
         out = tmp_path / name
         (out / "shards").mkdir(parents=True)
@@ -310,15 +311,18 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
         shas.append(published[0].sha256)
         assert [doc for doc, _ in read_shard(out / published[0].file)] == [d for ids, _ in chunks for d in ids]
     pool.shutdown()
+    shared.close()
     assert shas[0] == shas[1] == shas[2]
+    assert not (Path("/dev/shm") / shared.name.lstrip("/")).exists()
 
 
 def test_cpu_encoding_reuses_its_large_blocks_instead_of_faulting_them_in(tmp_path):
-    """The CPU head frees and reallocates a block of up to 256 MB per vocabulary chunk: served by mmap, every chunk
-    faulted in fresh pages (a third of CPU encode time was system time). A second encode in the same process, once
-    the blocks exist, must fault in far fewer pages than the ~30 per token that mmap'd blocks cost: at most 8 (runs
-    measured 0.6–4.4: a thread that lands in a fresh malloc arena faults its blocks in once). Counted in a fresh
-    process: the faults of a process that ran other tests first are not this encoder's."""
+    """CPU encoding frees and reallocates blocks of tens of MB per batch (the body's activations; the LM head's
+    logits blocks did too before they were cut to cache size): served by mmap, every block faulted in fresh pages
+    (a third of CPU encode time was system time). A second encode in the same process, once the blocks exist, must
+    fault in far fewer pages than the ~30 per token that mmap'd blocks cost: at most 8 (runs measured 0.6–4.4: a
+    thread that lands in a fresh malloc arena faults its blocks in once). Counted in a fresh process: the faults of a
+    process that ran other tests first are not this encoder's."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("\n".join(sample_lines(128)) + "\n")
     code = f"""

@@ -57,3 +57,32 @@ def test_length_buckets_cover_each_position_once_within_budget(seed):
     assert sorted(seen.tolist()) == list(range(257))
     for b in buckets:
         assert len(b) == 1 or len(b) * lengths[b].max() <= 1000
+
+
+def _stream_vs_items(encoder, seed: int) -> None:
+    """encode_stream over several items (one batch kept queued across their edges on CUDA) gives each item what
+    encode_ids gives it alone, each bucket once, and each item's end marker after its buckets, in item order."""
+    import random
+
+    rng = random.Random(seed)
+    items = [[f"cell {i} " * rng.randint(1, 60) for i in range(rng.randint(1, 40))] for _ in range(5)]
+    tokens = [encoder.tokenize(texts, 64) for texts in items]
+    seen, ended = {k: {} for k in range(len(items))}, []
+    for key, positions, weights in encoder.encode_stream(enumerate(tokens)):
+        assert key not in ended and all(k in ended for k in range(key))
+        if positions is None:
+            ended.append(key)
+            continue
+        for p, row in zip(positions.tolist(), weights.cpu()):
+            assert p not in seen[key]
+            seen[key][p] = row
+    assert ended == list(range(len(items)))
+    for key, toks in enumerate(tokens):
+        alone = dict(pair for positions, w in encoder.encode_ids(toks)
+                     for pair in zip(positions.tolist(), w.cpu()))
+        assert sorted(seen[key]) == sorted(alone) == list(range(len(items[key])))
+        assert all(torch.equal(seen[key][p], alone[p]) for p in alone)
+
+
+def test_stream_of_items_matches_each_item_alone(splade_tiny, seed):
+    _stream_vs_items(SpladeEncoder(splade_tiny, max_tokens=512), seed)

@@ -25,3 +25,9 @@ def test_kernel_encoder_matches_cpu_encoder(dtype):
     # nonzero terms may differ only where a weight sits at the rounding boundary (w·100 ≈ k + 0.5)
     agree = sum(len(set(a.row(i)[0]) & set(b.row(i)[0])) for i in range(len(TEXTS)))
     assert agree / max(a.nnz, b.nnz) > (0.995 if dtype == torch.float32 else 0.95)
+
+
+def test_stream_of_items_matches_each_item_alone_on_cuda():
+    from test_encoder import _stream_vs_items
+
+    _stream_vs_items(SpladeEncoder(load_model("splade-tiny", device="cuda"), max_tokens=512), seed=7)
