@@ -244,13 +244,19 @@ class ShardEncoder:
         self.pool, self.shared_vocab = None, None
         if self.serializers and job.options.output_format != "parquet":
             self.shared_vocab = SharedVocab(model.vocab)
-            self.pool = ProcessPoolExecutor(self.serializers, mp_context=mp.get_context("spawn"),
-                                            initializer=serializer_init,
-                                            initargs=(self.shared_vocab.name, self.shared_vocab.size))
-            # started now, while the first pieces are read and encoded: the pool would otherwise start each process
-            # at a submit, and the first pieces' serialization would wait for an interpreter start and its imports
-            for _ in range(self.serializers):
-                self.pool.submit(int)
+            try:
+                self.pool = ProcessPoolExecutor(self.serializers, mp_context=mp.get_context("spawn"),
+                                                initializer=serializer_init,
+                                                initargs=(self.shared_vocab.name, self.shared_vocab.size))
+                # started now, while the first pieces are read and encoded: the pool would otherwise start each
+                # process at a submit, and the first pieces' serialization would wait for an interpreter start
+                for _ in range(self.serializers):
+                    self.pool.submit(int)
+            except BaseException:
+                if self.pool:
+                    self.pool.shutdown(wait=False, cancel_futures=True)
+                self.shared_vocab.close()
+                raise
 
     def close(self, wait: bool = True) -> None:
         """End the serializer processes (`wait=False`: after a failure, dropping queued work)."""

@@ -115,7 +115,16 @@ class SpladeEncoder:
         (the next item's first batch is queued before the last one of this item is waited for).
         """
         pending: tuple | None = None  # (key, positions, weights, done event, last batch of its item)
-        for key, tokens in items:
+        items = iter(items)
+        while True:
+            try:
+                key, tokens = next(items)
+            except StopIteration:
+                break
+            except BaseException:  # the input failed or was interrupted: the finished batch is handed over first
+                if pending is not None:
+                    yield from self._finish(*pending, then)
+                raise
             buckets = length_buckets(tokens.lengths, self.max_tokens)
             for i, positions in enumerate(buckets):
                 weights = self._forward(tokens, positions)

@@ -123,12 +123,23 @@ class SharedVocab:
 
 def serializer_init(name: str, size: int) -> None:
     """Process-pool initializer: the vocabulary is read once per worker from a SharedVocab, not sent per chunk."""
+    import multiprocessing as mp
+    import os
+    import threading
     from multiprocessing import shared_memory
 
     global _worker_vocab
+    # a serializer ends with its parent (killed, or a worker's os._exit): orphans would hold the block and the
+    # resource tracker alive, waiting forever on a call queue nobody writes
+    parent = mp.parent_process()
+    if parent is not None:
+        threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
     # attaching registers the block again with the resource tracker, which a spawned child shares with its parent
     # (a set of names: no second entry); the parent alone unlinks it, and unregisters it then
-    block = shared_memory.SharedMemory(name=name)
+    try:
+        block = shared_memory.SharedMemory(name=name)
+    except FileNotFoundError:  # the pool is being closed after a failure before this process started: no work comes
+        return
     _worker_vocab = np.array(bytes(block.buf[:size]).decode().split("\n"), dtype=object)
     block.close()
 

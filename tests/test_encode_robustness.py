@@ -340,3 +340,39 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, manifest.stat
     assert done.returncode == 0, done.stderr[-2000:]
     faults, tokens = map(float, done.stdout.split()[-2:])
     assert faults < 8 * tokens, (faults, tokens)
+
+
+SERIALIZERS_PARENT = textwrap.dedent("""
+    import multiprocessing as mp, time
+    from concurrent.futures import ProcessPoolExecutor
+    from lsr_index.writers import SharedVocab, serializer_init
+    if __name__ == "__main__":
+        vocab = SharedVocab([f"t{i}" for i in range(30000)])
+        pool = ProcessPoolExecutor(2, mp_context=mp.get_context("spawn"), initializer=serializer_init,
+                                   initargs=(vocab.name, vocab.size))
+        for f in [pool.submit(int) for _ in range(4)]:
+            f.result()
+        print(vocab.name, *[p.pid for p in pool._processes.values()], flush=True)
+        time.sleep(600)
+""")
+
+
+@pytest.mark.slow
+def test_serializers_end_with_a_killed_parent_and_free_the_vocabulary(tmp_path):
+    """SIGKILL of the process that owns a serializer pool: its processes end, and the shared vocabulary block is
+    freed (orphans would wait forever on their call queue, holding the block)."""
+    script = tmp_path / "parent.py"
+    script.write_text(SERIALIZERS_PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        name, *children = parent.stdout.readline().split()
+        block = Path("/dev/shm") / name.lstrip("/")
+        assert block.exists() and children
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and (block.exists() or any(Path(f"/proc/{pid}").exists() for pid in children)):
+        time.sleep(0.1)
+    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], "serializers outlived their parent"
+    assert not block.exists(), "the vocabulary block outlived the pool"
