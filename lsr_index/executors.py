@@ -6,11 +6,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .children import end_with_parent
 from .encode_job import EncodeJob
 from .encode_shard import Assignment, ShardEncoder, WorkerResult
 from .errors import LsrIndexError
@@ -36,11 +36,10 @@ def _closing(encoder: ShardEncoder) -> Iterator[ShardEncoder]:
 
 def _worker_main(job, out, device, assignment, messages) -> None:
     """Process entry point: everything goes back to the parent as messages."""
-    parent = mp.parent_process()  # a worker must not outlive its parent and write beside a rerun
+    end_with_parent()
     cores = max(1, (os.cpu_count() or 1) // assignment.workers)
     # the Rust tokenizer's thread pool takes every core by default: W workers would oversubscribe them W times
     os.environ.setdefault("RAYON_NUM_THREADS", str(cores))
-    threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
     try:
         with _closing(ShardEncoder(job, device, cores)) as encoder:
             result = encoder.run(out, assignment, emit=lambda part: messages.put(("part", part)),

@@ -123,17 +123,12 @@ class SharedVocab:
 
 def serializer_init(name: str, size: int) -> None:
     """Process-pool initializer: the vocabulary is read once per worker from a SharedVocab, not sent per chunk."""
-    import multiprocessing as mp
-    import os
-    import threading
     from multiprocessing import shared_memory
 
+    from .children import end_with_parent
+
     global _worker_vocab
-    # a serializer ends with its parent (killed, or a worker's os._exit): orphans would hold the block and the
-    # resource tracker alive, waiting forever on a call queue nobody writes
-    parent = mp.parent_process()
-    if parent is not None:
-        threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
+    end_with_parent()
     # attaching registers the block again with the resource tracker, which a spawned child shares with its parent
     # (a set of names: no second entry); the parent alone unlinks it, and unregisters it then
     try:
