@@ -22,7 +22,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # pytest-xdist runs a test process per core: each, and the CLI processes it starts, computes on one thread.
         # Two-thread matmuls in two processes on two cores wait on each other's descheduled threads at every
-        # parallel region (the CPU head's cache-sized blocks made that the suite's largest cost).
+        # parallel region, and the CPU head's cache-sized blocks open one every few milliseconds.
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
             os.environ.setdefault(name, "1")
 
