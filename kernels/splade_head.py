@@ -32,7 +32,11 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from .reference import ACTIVATIONS
 
 
-@triton.jit
+# Integer arguments are not specialized: by default Triton compiles a variant per value class of each (divisible
+# by 16, equal to 1, other), so batches of new row counts and length keys compiled anew mid-run (a fresh H100
+# host: ~7 s of a 19 s CLI run). No load here needs those hints: the output's row stride (V) is rarely a
+# multiple of 16, and the row masks do not vectorize on T.
+@triton.jit(do_not_specialize=["stride_out", "T", "V", "LEN_KEY", "ROWS_KEY"])
 def _splade_max_kernel(
     # operands: TMA descriptors (rows past the end of either tensor load as zeros)
     tokens_desc,  # [T, H] token rows of all documents back to back (fp16 / bf16 / fp32), block [BLOCK_L, BLOCK_K]
