@@ -41,6 +41,25 @@ def test_identity_covers_tokenizer_and_config_not_readme(tiny_copy):
     assert "special_tokens_map.json" in identity_files(tiny_copy)
 
 
+def test_identity_is_hashed_once_per_process_and_a_same_size_edit_is_still_seen(tiny_copy, monkeypatch):
+    from lsr_index import model_files
+
+    reads = []
+    hash_file = model_files.sha256_file
+    monkeypatch.setattr(model_files, "sha256_file", lambda path: reads.append(path.name) or hash_file(path))
+    before = model_sha256(tiny_copy)  # copied with their times: files older than the clock's granularity
+    hashed = len(reads)
+    assert model_sha256(tiny_copy) == before and len(reads) == hashed  # a run asks twice: read once
+    weights = tiny_copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # same size, same inode, a new time
+    with open(weights, "r+b") as f:
+        f.write(data)
+    assert model_sha256(tiny_copy) != before
+    assert model_sha256(tiny_copy) != before  # not kept while fresh: hashed again
+    assert reads.count("model.safetensors") == 3
+
+
 def test_identity_covers_sentence_transformers_modules(tiny_copy):
     (tiny_copy / "1_SpladePooling").mkdir()
     pooling = tiny_copy / "1_SpladePooling" / "config.json"
