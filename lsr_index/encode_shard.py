@@ -30,6 +30,7 @@ from .quantize import SparseVectors, quantize
 from .writers import (
     ShardWriter,
     SharedVocab,
+    blocks,
     check_vocab,
     chunk_file,
     concatenate,
@@ -130,9 +131,9 @@ class _ShardSink:
     """Writes on its own thread, in piece order; checkpoints a shard at the first piece end past
     `checkpoint_seconds` and publishes it with its last piece.
 
-    With a `pool` (its encoder's serializer processes), JSON/gzip serialization of each piece runs there (it is
-    per-document Python work that would otherwise hold the GIL the encoder needs); the writer thread
-    appends their bytes in order.
+    With a `pool` (its encoder's serializer processes), JSON/gzip serialization runs there, each piece's blocks
+    (writers.blocks) side by side: it is per-document Python work that would otherwise hold the GIL the encoder
+    needs. The writer thread appends their bytes in order.
     """
 
     def __init__(self, out: Path, job: EncodeJob, vocab: np.ndarray, emit: Callable[[Part], None],
@@ -149,7 +150,8 @@ class _ShardSink:
         """Queue a piece's vectors; `ids=None`: the piece was checkpointed earlier, only its shard's end is news."""
         if self.error:
             raise self.error
-        payload = self.pool.submit(serialize_in_worker, ids, vectors, self.fmt) if self.pool and ids else None
+        payload = [(self.pool.submit(serialize_in_worker, block_ids, block, self.fmt), len(block_ids), block.nnz)
+                   for block_ids, block in blocks(ids, vectors)] if self.pool and ids else None
         self.queue.put((piece.shard, piece.start, piece.last, ids, vectors, payload, stats))
 
     def close(self, wait: bool = True) -> None:
@@ -173,14 +175,15 @@ class _ShardSink:
                     state.writer.abort()
 
     def _write(self, shards: dict[int, _Open], shard: int, start: int, last: bool, ids: list[str] | None,
-               vectors: SparseVectors | None, payload: Future | None, stats: _Stats) -> None:
+               vectors: SparseVectors | None, payload: list[tuple[Future, int, int]] | None, stats: _Stats) -> None:
         state = shards.setdefault(shard, _Open(list(self.assignment.chunks.get(shard, ()))))
         if ids is not None:
             if state.writer is None:
                 state.writer = ShardWriter(self.out / shard_file(shard, self.fmt), self.fmt, self.vocab)
                 state.start, state.opened, state.stats = start, time.monotonic(), _Stats()
             if payload is not None:
-                state.writer.add_serialized(payload.result(), len(ids), vectors.nnz)
+                for block, docs, nonzeros in payload:
+                    state.writer.add_serialized(block.result(), docs, nonzeros)
             else:
                 state.writer.add(ids, vectors)
             state.stats.add(stats)

@@ -65,6 +65,11 @@ class SparseVectors:
         lo, hi = self.indptr[i], self.indptr[i + 1]
         return self.terms[lo:hi], self.weights[lo:hi]
 
+    def rows(self, lo: int, hi: int) -> SparseVectors:
+        """Rows [lo, hi) as vectors of their own (views of this one's arrays)."""
+        a, b = self.indptr[lo], self.indptr[hi]
+        return SparseVectors(self.indptr[lo:hi + 1] - a, self.terms[a:b], self.weights[a:b])
+
     @staticmethod
     def stack(parts: Sequence[tuple[np.ndarray, SparseVectors]], n: int) -> SparseVectors:
         """Reassemble sub-batches encoded out of order (length-sorted) into input order 0..n-1."""

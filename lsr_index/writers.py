@@ -70,9 +70,14 @@ PARQUET_SCHEMA = pa.schema([("id", pa.string()), ("terms", pa.list_(pa.string())
                             ("weights", pa.list_(pa.int32()))])
 
 
+_SPACE = re.compile(r"\s")
+
+
 def check_vocab(vocab: Sequence[str]) -> None:
     """Lucene's pretokenized analyzer splits on whitespace, so such a term would index as several."""
-    bad = [t for t in vocab if not t or any(c.isspace() for c in t)]
+    if "" not in vocab and not _SPACE.search("".join(vocab)):  # one pass in C: a term loop took 0.1 s at 250k
+        return
+    bad = [t for t in vocab if not t or _SPACE.search(t)]
     if bad:
         raise LsrIndexError(f"the model's vocabulary has {len(bad)} empty or whitespace-containing terms "
                             f"(e.g. {bad[0]!r}) that Lucene cannot index as one term")
@@ -81,6 +86,20 @@ def check_vocab(vocab: Sequence[str]) -> None:
 def json_vector_line(doc_id: str, vector: dict[str, int]) -> bytes:
     """One Anserini JsonVectorCollection record (the format of jsonl shards and of what `build` indexes)."""
     return orjson.dumps({"id": doc_id, "contents": "", "vector": vector}) + b"\n"
+
+
+# documents per serialized block (one gzip member in .jsonl.gz): a piece's blocks go to the serializer processes
+# side by side, so the last piece of a run is serialized in a fraction of the time one process takes (a piece of
+# 8,192 documents: ~0.9 s on one core, the tail of every GPU run); fixed, so the bytes of a shard do not depend on
+# the machine or on how many processes serialized it
+SERIALIZE_DOCS = 1024
+
+
+def blocks(ids: Sequence[str], vectors: SparseVectors) -> Iterator[tuple[Sequence[str], SparseVectors]]:
+    """The documents in blocks of SERIALIZE_DOCS, each serialized on its own."""
+    for lo in range(0, len(ids), SERIALIZE_DOCS):
+        hi = min(lo + SERIALIZE_DOCS, len(ids))
+        yield ids[lo:hi], vectors.rows(lo, hi)
 
 
 def serialize(ids: Sequence[str], vectors: SparseVectors, vocab: np.ndarray, fmt: str) -> bytes:
@@ -180,7 +199,8 @@ class ShardWriter:
         if self.fmt == "parquet":
             self._write(len(ids), vectors.nnz, lambda: self._sink.write_batch(self._record_batch(ids, vectors)))
         else:
-            self.add_serialized(serialize(ids, vectors, self.vocab, self.fmt), len(ids), vectors.nnz)
+            for block_ids, block in blocks(ids, vectors):
+                self.add_serialized(serialize(block_ids, block, self.vocab, self.fmt), len(block_ids), block.nnz)
 
     def add_serialized(self, data: bytes, docs: int, nonzeros: int) -> None:
         """Append bytes made by `serialize` (possibly in another process) for `docs` documents."""

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from pathlib import Path
 
 import pytest
@@ -267,19 +268,22 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     assert not resumed.chunks and not [p.name for p in (out / "shards").iterdir() if p.name.startswith(".")]
 
 
-def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path, seed):
-    """On GPU runs pieces are serialized in a process pool; the shard must not change by a byte."""
+def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path, seed, monkeypatch):
+    """On GPU runs pieces are serialized in a process pool, block by block; the shard must not change by a byte,
+    and its blocks (one gzip member each) are the same wherever they were made."""
     import multiprocessing as mp
     from concurrent.futures import ProcessPoolExecutor
 
     import numpy as np
     import pyarrow as pa
 
+    from lsr_index import writers
     from lsr_index.encode_job import Piece
     from lsr_index.encode_shard import Assignment, _ShardSink, _Stats
     from lsr_index.quantize import SparseVectors
     from lsr_index.writers import SharedVocab, serializer_init
 
+    monkeypatch.setattr(writers, "SERIALIZE_DOCS", 5)  # pieces of 7, 1 and 12 documents: 2 + 1 + 3 blocks
     rng = np.random.default_rng(seed)
     vocab = np.array([f"t{i}" for i in range(497)] + ["über", "日本", "##ß"], dtype=object)
     chunks = []
@@ -309,6 +313,12 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
         sink.close()
         assert [s.docs for s in published] == [20]
         shas.append(published[0].sha256)
+        data, members = (out / published[0].file).read_bytes(), 0
+        while data:
+            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            inflate.decompress(data)
+            data, members = inflate.unused_data, members + 1
+        assert members == 6
         assert [doc for doc, _ in read_shard(out / published[0].file)] == [d for ids, _ in chunks for d in ids]
     pool.shutdown()
     shared.close()
