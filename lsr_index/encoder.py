@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from itertools import chain
 from typing import TypeVar
 
 import numpy as np
@@ -58,16 +59,12 @@ class Tokens:
         return self.ids[starts + np.arange(lengths.sum())]
 
 
-class SpladeEncoder:
-    def __init__(self, model: SpladeModel, max_tokens: int = 16384, backend: str = "auto"):
-        self.model = model
-        self.max_tokens = max_tokens
-        self.backend = backend
-        self.device = model.weight.device
-        self.n_tokens = 0  # real (unpadded) tokens encoded so far, for throughput reports
-        self.n_docs = 0  # texts encoded so far
+class TextTokenizer:
+    """Texts → Tokens through a model's Rust tokenizer, truncating at a given length."""
+
+    def __init__(self, tokenizer: object):
+        self.tokenizer = tokenizer  # the model's transformers tokenizer
         self._backends: dict[int, object] = {}  # max_length → truncating Rust tokenizer
-        self._side: torch.cuda.Stream | None = None  # where post-processing runs on CUDA
 
     def tokenize(self, texts: Sequence[str], max_length: int) -> Tokens:
         """Through the Rust tokenizer directly: it runs on every core without the GIL and skips the
@@ -75,26 +72,82 @@ class SpladeEncoder:
         if max_length not in self._backends:
             from tokenizers import Tokenizer
 
-            backend = Tokenizer.from_str(self.model.tokenizer.backend_tokenizer.to_str())
+            backend = Tokenizer.from_str(self.tokenizer.backend_tokenizer.to_str())
             backend.enable_truncation(max_length)
             backend.no_padding()
             self._backends[max_length] = backend
         backend = self._backends[max_length]
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: no offsets (tokenizers ≥ 0.20)
         encodings = encode(list(texts), add_special_tokens=True)
-        offsets = np.zeros(len(encodings) + 1, np.int64)
-        np.cumsum([len(e.ids) for e in encodings], out=offsets[1:])
-        ids = np.fromiter((i for e in encodings for i in e.ids), np.int64, int(offsets[-1]))
+        # Python work under the GIL that the model's driver thread waits for: ~17 µs a 240-token text to build the
+        # id lists, so it is kept to one pass over C iterators (a generator over every id cost as much again)
+        lists = [e.ids for e in encodings]
+        lengths = np.fromiter(map(len, lists), np.int64, len(lists))
+        offsets = np.zeros(len(lists) + 1, np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        ids = np.fromiter(chain.from_iterable(lists), np.int64, int(offsets[-1]))
         # the tokenizer reads a whole text before truncating it and keeps the rest as overflow pieces (stride 0),
         # each with its own special tokens: the untruncated length comes free, with no second tokenization
         special = backend.num_special_tokens_to_add(False)
-        full = np.fromiter((len(e.ids) + sum(len(o.ids) - special for o in e.overflowing) for e in encodings),
-                           np.int64, len(encodings))
+        full = lengths.copy()
+        for i in np.flatnonzero(lengths >= max_length):
+            full[i] += sum(len(o) - special for o in encodings[i].overflowing)
         return Tokens(ids, offsets, full)
 
     def token_counts(self, texts: Sequence[str], max_length: int) -> np.ndarray:
         """Each text's length in tokens before truncation at `max_length` (special tokens included)."""
         return self.tokenize(texts, max_length).full_lengths
+
+
+class _Staging:
+    """Two page-locked host buffers, used in turn: each batch's arrays are packed into one and copied in one piece.
+    A buffer is refilled only once its last copy has finished (two batches later, long done)."""
+
+    ALIGN = 16  # bytes: every array starts aligned for its dtype in the packed buffer
+
+    def __init__(self):
+        self.buffers: list[torch.Tensor | None] = [None, None]
+        self.copied: list[torch.cuda.Event | None] = [None, None]
+        self.turn = 0
+
+    def upload(self, arrays: Sequence[np.ndarray], device: torch.device) -> list[torch.Tensor]:
+        starts, size = [], 0
+        for a in arrays:
+            starts.append(size)
+            size += -(-a.nbytes // self.ALIGN) * self.ALIGN
+        k, self.turn = self.turn, 1 - self.turn
+        if self.copied[k] is not None:
+            self.copied[k].synchronize()
+        if self.buffers[k] is None or self.buffers[k].numel() < size:
+            self.buffers[k] = torch.empty(max(size, 1 << 21), dtype=torch.uint8, pin_memory=True)
+        host = self.buffers[k].numpy()
+        for a, start in zip(arrays, starts):
+            host[start:start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        packed = self.buffers[k][:size].to(device, non_blocking=True)
+        self.copied[k] = torch.cuda.Event()
+        self.copied[k].record()
+        return [packed[start:start + a.nbytes].view(torch.from_numpy(a[:0]).dtype).view(a.shape)
+                for a, start in zip(arrays, starts)]
+
+
+class SpladeEncoder:
+    def __init__(self, model: SpladeModel, max_tokens: int = 16384, backend: str = "auto",
+                 tokenizer: TextTokenizer | None = None):
+        self.model = model
+        self.max_tokens = max_tokens
+        self.backend = backend
+        self.device = model.weight.device
+        self.tokenizer = tokenizer or TextTokenizer(model.tokenizer)
+        self.n_tokens = 0  # real (unpadded) tokens encoded so far, for throughput reports
+        self.n_docs = 0  # texts encoded so far
+        self._side: torch.cuda.Stream | None = None  # where post-processing runs on CUDA
+        self._staging: _Staging | None = None  # page-locked buffers for the inputs' copies to the GPU
+
+    def tokenize(self, texts: Sequence[str], max_length: int) -> Tokens:
+        return self.tokenizer.tokenize(texts, max_length)
+
+    def token_counts(self, texts: Sequence[str], max_length: int) -> np.ndarray:
+        return self.tokenizer.token_counts(texts, max_length)
 
     def encode_ids(self, tokens: Tokens, then: Callable[[torch.Tensor], T] = _identity
                    ) -> Iterator[tuple[np.ndarray, T]]:
@@ -182,10 +235,7 @@ class SpladeEncoder:
         packed = np.flatnonzero(mask.ravel())
         cu_seqlens = np.zeros(len(positions) + 1, np.int32)
         np.cumsum(seq_lens, out=cu_seqlens[1:])
-        # plain (pageable) copies: ~1 MB a batch; pinning each batch's arrays anew cost more (cudaHostAlloc and page
-        # locking, four calls a batch: 3.3 s of the main thread in a 36 s H100 run) than asynchronous copies saved
-        input_ids, mask, packed, cu_seqlens = (torch.from_numpy(a).to(self.device)
-                                               for a in (input_ids, mask, packed, cu_seqlens))
+        input_ids, mask, packed, cu_seqlens = self._upload((input_ids, mask, packed, cu_seqlens))
         with self._attention():
             hidden = self.model.body(input_ids=input_ids, attention_mask=mask.long()).logits
         real = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed)
@@ -195,6 +245,18 @@ class SpladeEncoder:
         self.n_tokens += int(seq_lens.sum())
         self.n_docs += len(positions)
         return weights
+
+    def _upload(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
+        """The batch's input arrays on the model's device. On CUDA in one asynchronous copy through page-locked host
+        memory, so the host goes on to queue this batch while the GPU still runs the last one. A copy from pageable
+        memory waits for the stream (PyTorch syncs after it; with non_blocking the driver still did: an H100 run's
+        main thread spent most of its samples there), and pinning each batch's arrays anew cost more than it saved
+        (page-locking four arrays a batch: 3.3 s of the main thread in a 36 s run)."""
+        if self.device.type != "cuda":
+            return [torch.from_numpy(a) for a in arrays]
+        if self._staging is None:
+            self._staging = _Staging()
+        return self._staging.upload(arrays, self.device)
 
     def encode(self, texts: Sequence[str], max_length: int) -> torch.Tensor:
         """Dense [n, V] float32 weights in input order; for small inputs (queries, tests)."""

@@ -6,8 +6,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import queue
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 
 from .children import end_with_parent
@@ -19,19 +19,8 @@ from .manifest import Part
 
 def run_in_process(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
                    on_part: Callable[[Part], None], on_progress: Callable[[int, int], None]) -> list[WorkerResult]:
-    with _closing(ShardEncoder(job, devices[0], os.cpu_count() or 1)) as encoder:
+    with closing(ShardEncoder(job, devices[0], os.cpu_count() or 1)) as encoder:
         return [encoder.run(out, assignment, on_part, on_progress)]
-
-
-@contextmanager
-def _closing(encoder: ShardEncoder) -> Iterator[ShardEncoder]:
-    """Its serializer processes end with the task: waited for after success, dropped after a failure."""
-    try:
-        yield encoder
-    except BaseException:
-        encoder.close(wait=False)
-        raise
-    encoder.close()
 
 
 def _worker_main(job, out, device, assignment, messages) -> None:
@@ -41,7 +30,7 @@ def _worker_main(job, out, device, assignment, messages) -> None:
     # the Rust tokenizer's thread pool takes every core by default: W workers would oversubscribe them W times
     os.environ.setdefault("RAYON_NUM_THREADS", str(cores))
     try:
-        with _closing(ShardEncoder(job, device, cores)) as encoder:
+        with closing(ShardEncoder(job, device, cores)) as encoder:
             result = encoder.run(out, assignment, emit=lambda part: messages.put(("part", part)),
                                  progress=lambda docs, tokens: messages.put(("progress", (docs, tokens))))
         messages.put(("done", result))

@@ -152,12 +152,26 @@ class SpladeModel:
         return self.weight.shape[0]
 
 
-def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: torch.dtype | None = None
-               ) -> SpladeModel:
-    """A masked-LM directory (BERT, DistilBERT, RoBERTa, XLM-R, ModernBERT, any family transformers has a
-    masked-LM class for) or a sentence-transformers SparseEncoder directory, split into body and head."""
-    import torch
+def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
+    """The tokenizer the model's documents go through (a sentence-transformers directory's masked-LM module's).
+    Apart from `load_model`, so that an encoder can tokenize its first texts while the weights load."""
     from transformers import AutoTokenizer
+
+    path = resolve_model(name_or_path)
+    layout = sentence_transformers_layout(path)
+    mlm_dir = layout.mlm if layout else path
+    try:
+        return AutoTokenizer.from_pretrained(mlm_dir, trust_remote_code=False, use_fast=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise LsrIndexError(f"model {mlm_dir}: cannot load its tokenizer: {exc}") from exc
+
+
+def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: torch.dtype | None = None,
+               tokenizer: object | None = None) -> SpladeModel:
+    """A masked-LM directory (BERT, DistilBERT, RoBERTa, XLM-R, ModernBERT, any family transformers has a
+    masked-LM class for) or a sentence-transformers SparseEncoder directory, split into body and head.
+    `tokenizer`: the model's, from `load_tokenizer`, if the caller has it already."""
+    import torch
     from transformers.utils import logging as hf_logging
 
     path = resolve_model(name_or_path)
@@ -167,10 +181,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: to
     layout = sentence_transformers_layout(path)
     mlm_dir = layout.mlm if layout else path
     hf_logging.disable_progress_bar()
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(mlm_dir, trust_remote_code=False, use_fast=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise LsrIndexError(f"model {mlm_dir}: cannot load its tokenizer: {exc}") from exc
+    tokenizer = tokenizer or load_tokenizer(name_or_path)
     mlm = _masked_lm(mlm_dir, dtype or torch.float32)
     decoder = mlm.get_output_embeddings()
     if not isinstance(decoder, torch.nn.Linear):

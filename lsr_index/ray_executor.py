@@ -32,7 +32,7 @@ from typing import Any
 from .durable import fsync_directory
 from .encode_corpus import Plan, planned
 from .encode_job import EncodeJob, Piece, pieces
-from .encode_shard import Assignment, ShardEncoder, WorkerResult, prefetch, skipped_records
+from .encode_shard import Assignment, Prefetch, ShardEncoder, WorkerResult, skipped_records
 from .errors import LsrIndexError
 from .manifest import Manifest, Shard
 from .progress import EncodeBar
@@ -66,6 +66,7 @@ class EncoderActor:
         self.node, self.device, self.error, self.task = node, device, None, None
         try:
             self.task = ShardEncoder(job, device, threads)
+            self.task.encoder  # noqa: B018 (waits for the model to load: ready() reports it, or why it failed)
         except Exception as exc:  # raised by ready(), where the driver waits for it
             self.error = f"{self.node}: cannot start an encoder on {device}: {_describe(exc)}"
 
@@ -193,7 +194,7 @@ class _Run:
         reader = self.job.reader()
         self.bar = EncodeBar(reader, self.resumed_at, self.job.options.progress)
         shards = itertools.groupby(pieces(reader, self.job.options.shard_docs), key=lambda piece: piece.shard)
-        stream = prefetch(((k, list(group)) for k, group in shards if k not in self.done), depth=READ_AHEAD)
+        stream = Prefetch(((k, list(group)) for k, group in shards if k not in self.done), depth=READ_AHEAD)
         t0, started_at = time.perf_counter(), time.time()
         read_all = False
         try:
@@ -220,6 +221,7 @@ class _Run:
                         self._finished(ref)
                 self.plan.flush_if_due()
         finally:
+            stream.close()
             self.bar.close()
             for attempt in self.inflight.values():
                 self._retire(attempt)

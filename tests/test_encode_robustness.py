@@ -386,3 +386,26 @@ def test_serializers_end_with_a_killed_parent_and_free_the_vocabulary(tmp_path):
         time.sleep(0.1)
     assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], "serializers outlived their parent"
     assert not block.exists(), "the vocabulary block outlived the pool"
+
+
+def test_a_closed_prefetch_stops_reading_and_its_thread_ends():
+    """A run that fails after its reader started (a model that does not load) must not leave the reading thread
+    blocked forever or reading on: a cluster's encoder runs many shards in one process."""
+    import itertools
+    import threading
+
+    from lsr_index.encode_shard import Prefetch
+
+    read = []
+    before = threading.active_count()
+    stream = Prefetch((read.append(i) or i for i in itertools.count()), depth=2)
+    assert [next(stream), next(stream)] == [0, 1]
+    stream.close()
+    deadline = time.time() + 10
+    while threading.active_count() > before and time.time() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before and len(read) <= 6, len(read)
+    failing = Prefetch(iter(int(x) for x in ["1", "x"]))
+    assert next(failing) == 1
+    with pytest.raises(ValueError):
+        next(failing)

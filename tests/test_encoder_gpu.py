@@ -31,3 +31,24 @@ def test_stream_of_items_matches_each_item_alone_on_cuda():
     from test_encoder import _stream_vs_items
 
     _stream_vs_items(SpladeEncoder(load_model("splade-tiny", device="cuda"), max_tokens=512), seed=7)
+
+
+def test_staged_copies_arrive_whole_while_their_buffers_are_reused():
+    """Batch inputs go to the GPU through two page-locked buffers used in turn: every array must arrive exactly,
+    whatever its dtype, shape or size (buffers grow), although the buffer it went through is refilled later."""
+    import numpy as np
+
+    from lsr_index.encoder import _Staging
+
+    rng = np.random.default_rng(11)
+    staging, device, sent, got = _Staging(), torch.device("cuda"), [], []
+    for _ in range(40):
+        rows, cols = int(rng.integers(0, 300)), int(rng.integers(0, 2000))
+        arrays = [rng.integers(-2**40, 2**40, (rows, cols)), rng.random((rows, cols)) < 0.5,
+                  rng.integers(0, 2**31 - 1, int(rng.integers(0, 5000))).astype(np.int32)]
+        sent.append(arrays)
+        got.append(staging.upload(arrays, device))
+    torch.cuda.synchronize()
+    for arrays, tensors in zip(sent, got):
+        for a, t in zip(arrays, tensors):
+            assert t.device.type == "cuda" and t.shape == a.shape and np.array_equal(t.cpu().numpy(), a)
