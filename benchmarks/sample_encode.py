@@ -1,79 +1,135 @@
-"""Where each thread of an in-process encode spends its time: the stacks of every thread, sampled every 5 ms, over a
-second run of `encode_corpus` on synthetic documents (the first run warms caches). It found the serializer pool's
-blocking start (benchmarks/NOTES_encode.md, 2026-11-25); run it when end to end falls behind model only.
+"""Where each thread of an encode spends its time: the stacks of every thread, sampled every 5 ms.
 
-    python benchmarks/sample_encode.py --tokenizer DIR [--docs N] [--device cuda:0|cpu] [--smoke]
+Two modes:
+  - synthetic (default): a second in-process run of `encode_corpus` on synthetic documents (the first run warms
+    caches). It found the serializer pool's blocking start (benchmarks/NOTES_encode.md, 2026-11-25).
+  - `--cli "encode ARGS"`: the lsr-index command line in this process, sampled from before its first import, so
+    start-up (imports, model load, the input's first pieces) is on the timeline too.
 
-Prints each run's rate, samples per thread and the most frequent (thread, lsr-index frames | innermost frame).
+    python benchmarks/sample_encode.py --tokenizer DIR [--docs N] [--arch A] [--device cuda:0|cpu] [--smoke]
+    python benchmarks/sample_encode.py --cli "encode corpus.jsonl -o out --device cuda"
+
+Prints samples per thread, the most frequent (thread, lsr-index frames | innermost frame), and a timeline of the
+main thread (its most frequent stack in each `--window` seconds): where the wall clock goes before the first batch
+and after the last. Run it when end to end falls behind model only.
 """
 
 import argparse
 import collections
+import contextlib
+import shlex
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_encode import make_model, synthetic_corpus, words_from
-
-from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
-
 OURS = ("lsr_index", "kernels", "sparton")
 
 
-def sample(stacks: collections.Counter, stop: threading.Event, every: float = 0.005) -> None:
-    me = threading.get_ident()
-    while not stop.is_set():
-        names = {t.ident: t.name for t in threading.enumerate()}
-        for tid, frame in sys._current_frames().items():
-            if tid == me:
-                continue
-            chain, f = [], frame
-            while f is not None:
-                if any(part in f.f_code.co_filename for part in OURS):
-                    chain.append(f"{f.f_code.co_name}:{f.f_lineno}")
-                f = f.f_back
-            leaf = f"{frame.f_code.co_name}@{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
-            stacks[(names.get(tid, "?")[:14], ">".join(reversed(chain[:4])) + " | " + leaf)] += 1
-        time.sleep(every)
+class Sampler:
+    """Stacks of every other thread every `every` seconds; the main thread's also in time order."""
+
+    def __init__(self, every: float = 0.005):
+        self.every, self.stacks, self.timeline = every, collections.Counter(), []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Sampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        me, main, t0 = threading.get_ident(), threading.main_thread().ident, time.perf_counter()
+        while not self._stop.is_set():
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for tid, frame in sys._current_frames().items():
+                if tid == me:
+                    continue
+                chain, f = [], frame
+                while f is not None:
+                    if any(part in f.f_code.co_filename for part in OURS):
+                        chain.append(f"{f.f_code.co_name}:{f.f_lineno}")
+                    f = f.f_back
+                leaf = f"{frame.f_code.co_name}@{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
+                stack = ">".join(reversed(chain[:4])) + " | " + leaf
+                self.stacks[(names.get(tid, "?")[:14], stack)] += 1
+                if tid == main:
+                    self.timeline.append((time.perf_counter() - t0, stack))
+            time.sleep(self.every)
+
+    def report(self, top: int, window: float) -> None:
+        threads = collections.Counter()
+        for (thread, _), count in self.stacks.items():
+            threads[thread] += count
+        print(f"samples per thread ({self.every * 1000:.0f} ms each):", dict(threads))
+        for (thread, stack), count in self.stacks.most_common(top):
+            print(f"{count:7d} {thread:14s} {stack}")
+        print(f"main thread, most frequent stack per {window} s (samples in the window):")
+        windows: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+        for t, stack in self.timeline:
+            windows[int(t / window)][stack] += 1
+        for w in sorted(windows):
+            stack, count = windows[w].most_common(1)[0]
+            print(f"{w * window:7.2f} s {count:3d}/{sum(windows[w].values()):3d} {stack}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--tokenizer", type=Path, required=True, help="directory with a BERT tokenizer.json")
-    parser.add_argument("--docs", type=int, default=262144)
-    parser.add_argument("--device", default="cuda:0")
-    parser.add_argument("--smoke", action="store_true", help="a 2-layer model: checks the script, measures nothing")
-    parser.add_argument("--top", type=int, default=40)
-    args = parser.parse_args()
+def sample_cli(args: argparse.Namespace) -> None:
+    with Sampler() as sampler:
+        t0 = time.perf_counter()
+        from lsr_index.cli import main as cli
+
+        try:
+            cli.main(shlex.split(args.cli), prog_name="lsr-index", standalone_mode=False)
+        finally:
+            print(f"lsr-index {args.cli}: {time.perf_counter() - t0:.1f} s from before the first import", flush=True)
+    sampler.report(args.top, args.window)
+
+
+def sample_synthetic(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from bench_encode import make_model, synthetic_corpus, words_from
+
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+
+    if args.tokenizer is None:
+        sys.exit("--tokenizer is required without --cli")
     work = Path(tempfile.mkdtemp(prefix="sample-encode-"))
     corpus = work / "corpus.jsonl"
     texts = synthetic_corpus(corpus, args.docs, words_from(args.tokenizer))
-    model = make_model("bert-base", work / "bert-base", args.tokenizer, args.device, args.smoke, texts[:256])
+    model = make_model(args.arch, work / args.arch, args.tokenizer, args.device, args.smoke, texts[:256])
     gpu = args.device.startswith("cuda")
     job = EncodeJob(inputs=(str(corpus),), model=str(model), dtype="bfloat16" if gpu else "float32",
                     options=EncodeOptions(max_tokens=131072 if gpu else 16384, shard_docs=32768, overwrite=True,
                                           progress=False))
     for run in ("warm-up", "sampled"):
-        stacks, stop = collections.Counter(), threading.Event()
-        sampler = threading.Thread(target=sample, args=(stacks, stop), daemon=True)
-        if run == "sampled":
-            sampler.start()
-        t0 = time.perf_counter()
-        manifest = encode_corpus(job, work / "out", (args.device,))
-        seconds = time.perf_counter() - t0
-        stop.set()
+        sampler = Sampler()
+        with sampler if run == "sampled" else contextlib.nullcontext():
+            t0 = time.perf_counter()
+            manifest = encode_corpus(job, work / "out", (args.device,))
+            seconds = time.perf_counter() - t0
         worker = manifest.stats["per_worker"][0]
         print(f"{run}: {manifest.docs:,} docs in {seconds:.1f} s = {manifest.docs / seconds:,.0f} docs/s; start-up "
               f"{worker['startup_seconds']:.1f} s, then {worker['docs_per_second_after_startup']:,.0f}", flush=True)
-    threads = collections.Counter()
-    for (thread, _), count in stacks.items():
-        threads[thread] += count
-    print("samples per thread (5 ms each):", dict(threads))
-    for (thread, stack), count in stacks.most_common(args.top):
-        print(f"{count:7d} {thread:14s} {stack}")
+    sampler.report(args.top, args.window)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cli", help="sample this lsr-index command line (quoted) instead of a synthetic run")
+    parser.add_argument("--tokenizer", type=Path, help="directory with a BERT tokenizer.json (synthetic runs)")
+    parser.add_argument("--docs", type=int, default=262144)
+    parser.add_argument("--device", default="cuda:0")
+    parser.add_argument("--arch", default="bert-base", choices=("bert-base", "xlmr-base"))
+    parser.add_argument("--smoke", action="store_true", help="a 2-layer model: checks the script, measures nothing")
+    parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--window", type=float, default=0.25, help="seconds per line of the main thread's timeline")
+    args = parser.parse_args()
+    sample_cli(args) if args.cli else sample_synthetic(args)
 
 
 if __name__ == "__main__":

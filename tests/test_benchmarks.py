@@ -46,3 +46,17 @@ def test_bench_head_reports_rows_without_gpu_samples(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "kernel     2.600 ms" in out and "MHz" not in out
     assert f"{12.0 / 2.6:.2f}" in out.splitlines()[-1]  # the summary's eager / kernel ratio
+
+
+def test_sample_encode_samples_a_cli_run_from_its_first_import(tmp_path, capsys, monkeypatch):
+    """The stack sampler found the encoder's fixed costs; it must keep running here (CPU, a few documents)."""
+    sampler = load("sample_encode")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": f"protein {i} binds"}) + "\n" for i in range(20)))
+    monkeypatch.setattr(sys, "argv", ["sample_encode.py", "--window", "0.1", "--top", "5", "--cli",
+                                      f"-q encode {corpus} -o {tmp_path / 'v'} --device cpu --doc-max-length 16"])
+    sampler.main()
+    out = capsys.readouterr().out
+    assert "encoded 20 documents" in out and "from before the first import" in out
+    assert "samples per thread" in out and "main thread, most frequent stack per 0.1 s" in out
+    assert (tmp_path / "v" / "manifest.json").exists()
