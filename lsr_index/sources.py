@@ -127,14 +127,15 @@ def _checked(path: Path, unsupported: str, hint: str = "") -> Path:
 
 
 def _odd_name(path: Path) -> str | None:
-    """The path written with escapes when it is not UTF-8 or holds a control character (a line break): such
-    a name cannot go into the manifest, the skipped-records report or a one-line message."""
+    """The path written with escapes when it is not UTF-8 or holds a control character or a line or paragraph
+    separator (U+2028/U+2029 end a line as \n does): such a name cannot go into the manifest, the skipped-records
+    report or a one-line message. Other spaces (e.g. U+00A0) are fine."""
     name = os.fspath(path)
     try:
         name.encode()
     except UnicodeEncodeError:
         return ascii(name)
-    return ascii(name) if any(unicodedata.category(c) == "Cc" for c in name) else None
+    return ascii(name) if any(unicodedata.category(c) in ("Cc", "Zl", "Zp") for c in name) else None
 
 
 def _glob(pattern: str) -> Iterator[str]:
