@@ -152,7 +152,9 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     from .corpus import Fields
     from .encode_corpus import EncodeJob, EncodeOptions, encode_corpus
     from .quantize import Quantization
+    from .sources import resolve
 
+    resolve(list(inputs))  # a missing or unreadable input is reported before torch loads (3 s) or a model is fetched
     chosen = load_preset(preset) if preset else {}
     value = lambda key: options[key] if options.get(key) is not None else chosen.get(key, DEFAULTS[key])
     cluster = None

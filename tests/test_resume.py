@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -90,3 +91,15 @@ def test_lengths_past_the_model_and_unknown_devices_are_clear_errors(tmp_path):
     assert too_long.returncode == 1 and "at most 512 tokens" in too_long.stderr and "Traceback" not in too_long.stderr
     bad_device = lsr("encode", str(SAMPLE), "-o", str(tmp_path / "w"), "--device", "gpu")
     assert bad_device.returncode == 1 and "--device" in bad_device.stderr and "Traceback" not in bad_device.stderr
+
+
+def test_a_missing_input_is_reported_before_torch_or_a_model_loads(tmp_path):
+    """A mistyped path must not cost a torch import (seconds), nor a first run's model download."""
+    code = ("import sys\nfrom lsr_index.cli import main\n"
+            f"try:\n    main(['encode', {str(tmp_path / 'missing.jsonl')!r}, '-o', {str(tmp_path / 'v')!r}])\n"
+            "except SystemExit as e:\n    print(e.code, 'torch' in sys.modules, 'transformers' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**os.environ, "LSR_INDEX_CACHE": str(tmp_path / "cache")})
+    assert done.stdout.split() == ["1", "False", "False"], (done.stdout, done.stderr)
+    assert done.stderr == f"error: {tmp_path / 'missing.jsonl'}: no such file or directory\n"
+    assert not (tmp_path / "v").exists() and not (tmp_path / "cache").exists()
