@@ -248,9 +248,10 @@ class SpladeEncoder:
 
     def _upload(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """The batch's input arrays on the model's device. On CUDA in one asynchronous copy through page-locked host
-        memory, so the host goes on to queue this batch while the GPU still runs the last one. A copy from pageable
+        memory, so the copy does not wait for the GPU to finish the last batch (transformers' attention-mask check
+        still does, once a forward: benchmarks/NOTES_encode.md). A copy from pageable
         memory waits for the stream (PyTorch syncs after it; with non_blocking the driver still did: an H100 run's
-        main thread spent most of its samples there), and pinning each batch's arrays anew cost more than it saved
+        main thread's most frequent stack was that copy), and pinning each batch's arrays anew cost more than it saved
         (page-locking four arrays a batch: 3.3 s of the main thread in a 36 s run)."""
         if self.device.type != "cuda":
             return [torch.from_numpy(a) for a in arrays]
