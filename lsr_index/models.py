@@ -155,15 +155,19 @@ class SpladeModel:
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
     """The tokenizer the model's documents go through (a sentence-transformers directory's masked-LM module's).
     Apart from `load_model`, so that an encoder can tokenize its first texts while the weights load."""
-    from transformers import AutoTokenizer
-
     path = resolve_model(name_or_path)
     layout = sentence_transformers_layout(path)
-    mlm_dir = layout.mlm if layout else path
+    return tokenizer_at(layout.mlm if layout else path)
+
+
+def tokenizer_at(path: Path):
+    """The transformers tokenizer in directory `path` (fast, no remote code)."""
+    from transformers import AutoTokenizer
+
     try:
-        return AutoTokenizer.from_pretrained(mlm_dir, trust_remote_code=False, use_fast=True)
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=False, use_fast=True)
     except (OSError, ValueError, KeyError) as exc:
-        raise LsrIndexError(f"model {mlm_dir}: cannot load its tokenizer: {exc}") from exc
+        raise LsrIndexError(f"model {path}: cannot load its tokenizer: {exc}") from exc
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: torch.dtype | None = None,

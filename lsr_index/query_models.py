@@ -20,7 +20,7 @@ import torch
 from .encoder import SpladeEncoder
 from .errors import LsrIndexError
 from .model_files import model_sha256, sentence_transformers_layout
-from .models import EMBEDDED, SpladeModel, load_model, max_length, resolve_model, tokenizer_terms
+from .models import EMBEDDED, SpladeModel, load_model, max_length, resolve_model, tokenizer_at, tokenizer_terms
 
 if TYPE_CHECKING:
     from .encode_job import EncodeJob
@@ -102,7 +102,7 @@ def load_query_model(name_or_path: str, device: str = "cpu", dtype: torch.dtype 
         return load_model(name_or_path, device=device, dtype=dtype)
     if route.table.is_dir():
         return _static_embedding(path, route)
-    tokenizer = _tokenizer(route.tokenizer)
+    tokenizer = tokenizer_at(route.tokenizer)
     vocab, _ = tokenizer_terms(tokenizer)
     weights = np.zeros(len(vocab), np.float32)
     ids = tokenizer.get_vocab()
@@ -128,11 +128,11 @@ def query_model_record(job: EncodeJob) -> dict:
         raise LsrIndexError(f"query model {name} takes at most {limit} tokens; lower --query-max-length "
                             f"({job.options.query_max_length})")
     route = query_route(path)
-    vocab = tokenizer_terms(_tokenizer(route.tokenizer))[0]
+    vocab = tokenizer_terms(tokenizer_at(route.tokenizer))[0]
     documents = resolve_model(job.model)
     layout = sentence_transformers_layout(documents)
     doc_tokenizer = layout.mlm if layout else documents  # the one the documents went through
-    doc_vocab = vocab if doc_tokenizer == route.tokenizer else tokenizer_terms(_tokenizer(doc_tokenizer))[0]
+    doc_vocab = vocab if doc_tokenizer == route.tokenizer else tokenizer_terms(tokenizer_at(doc_tokenizer))[0]
     if vocab != doc_vocab:
         raise LsrIndexError(f"query model {name}: its vocabulary ({len(vocab):,} terms) differs from the document "
                             f"model's ({len(doc_vocab):,} terms, {job.model}): its queries' terms would not be "
@@ -155,7 +155,7 @@ def _static_embedding(root: Path, route: QueryRoute) -> TokenWeights:
     except (OSError, SafetensorError, KeyError) as exc:
         raise LsrIndexError(f"{file}: no readable 'weight' tensor for the SparseStaticEmbedding query route "
                             f"({exc})") from exc
-    tokenizer = _tokenizer(route.tokenizer)
+    tokenizer = tokenizer_at(route.tokenizer)
     vocab, _ = tokenizer_terms(tokenizer)
     if weight.dim() != 1 or weight.numel() > len(vocab):
         raise LsrIndexError(f"{file}: query weights of shape {tuple(weight.shape)} do not fit the tokenizer's "
@@ -184,13 +184,3 @@ def _read_table(file: Path) -> dict[str, float]:
         return table
     except (OSError, ValueError, TypeError) as exc:
         raise LsrIndexError(f"{file}: not a token weight table ({exc})") from exc
-
-
-def _tokenizer(path: Path):
-    from transformers import AutoTokenizer
-
-    try:
-        return AutoTokenizer.from_pretrained(path, trust_remote_code=False, use_fast=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise LsrIndexError(f"model {path}: cannot load its tokenizer: {exc}") from exc
-
