@@ -109,12 +109,22 @@ class Prefetch(Iterator[T]):
     def _work(self, items: Iterable[T]) -> None:
         try:
             for item in items:
-                self._queue.put(item)
-                if self._stop.is_set():
+                if not self._put(item):
                     return
         except BaseException as exc:  # re-raised in the consumer
-            self._queue.put(exc)
-        self._queue.put(self._done)
+            if not self._put(exc):
+                return
+        self._put(self._done)
+
+    def _put(self, item: object) -> bool:
+        """Queue `item` unless the consumer closed the stream first (False: stop)."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
 
     def __next__(self) -> T:
         item = self._queue.get()
@@ -126,12 +136,8 @@ class Prefetch(Iterator[T]):
         return item
 
     def close(self) -> None:
+        """Stop the thread (within 0.1 s, or after the item it is reading); the stream is not read after this."""
         self._stop.set()
-        while True:  # make room for a put the thread may be blocked in; it then sees the stop
-            try:
-                self._queue.get_nowait()
-            except queue.Empty:
-                return
 
 
 @dataclass
@@ -343,15 +349,9 @@ class ShardEncoder:
                 tokens = self.tokenizer.tokenize(texts, options.doc_max_length)
                 yield piece, ids, tokens, _piece_stats(job, piece.start, ids, texts, tokens)
 
-        stream = Prefetch(tokenized())  # reading and tokenizing begin now, while the model may still be loading
-        try:
-            encoder = self.encoder
-        except BaseException:
-            stream.close()
-            raise
-        docs0, tokens0 = encoder.n_docs, encoder.n_tokens
-        sink = _ShardSink(out, job, self.vocab, emit, self.pool, self.serializers, assignment)
         pending: dict[int, tuple[Piece, list[str] | None, Tokens | None, _Stats, list]] = {}  # read, not yet sunk
+        sink: _ShardSink | None = None
+        stream = Prefetch(tokenized())  # reading and tokenizing begin now, while the model may still be loading
 
         def to_encode() -> Iterator[tuple[int, Tokens]]:
             """The pieces with documents to encode, numbered; all pieces wait in `pending` for their turn."""
@@ -369,6 +369,9 @@ class ShardEncoder:
                 sink.put(piece, None, None, _Stats())
 
         try:
+            encoder = self.encoder
+            docs0, tokens0 = encoder.n_docs, encoder.n_tokens
+            sink = _ShardSink(out, job, self.vocab, emit, self.pool, self.serializers, assignment)
             quantizer = partial(quantize, q=options.quantization)
             for n, positions, part in encoder.encode_stream(to_encode(), quantizer):
                 piece, ids, tokens, stats, parts = pending[n]
@@ -382,7 +385,8 @@ class ShardEncoder:
             sink_until(None)
         except BaseException:
             stream.close()
-            sink.close(wait=False)
+            if sink is not None:
+                sink.close(wait=False)
             raise
         sink.close()
         return WorkerResult(total_docs=reader.n_docs if reader else 0, tokens=encoder.n_tokens - tokens0,

@@ -72,7 +72,7 @@ def model_sha256(path: Path) -> str:
     files = identity_files(path)
     if not files:
         raise LsrIndexError(f"model {path}: no model files (config.json, weights, tokenizer) in it")
-    # kept for this process while no file's size, time or inode changes: a run asks twice (its manifest, the model
+    # kept for this process while no file's size, times or inode change: a run asks twice (its manifest, the model
     # load), and hashing XLM-R's 1.1 GB of weights takes about half a second. A file changed in the last seconds
     # could change again within the clock's granularity unseen, so such an answer is not kept.
     stamps = tuple((name, *_stamp(path / name)) for name in files)
@@ -82,7 +82,7 @@ def model_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     for name in files:
         digest.update(f"{name}\0{sha256_file(path / name)}\n".encode())
-    if all(mtime < time.time_ns() - 2_000_000_000 for _, _, mtime, _, _ in stamps):
+    if all(max(mtime, ctime) < time.time_ns() - 2_000_000_000 for _, _, mtime, ctime, _, _ in stamps):
         _identities[key] = digest.hexdigest()
     return digest.hexdigest()
 
@@ -90,9 +90,10 @@ def model_sha256(path: Path) -> str:
 _identities: dict[tuple, str] = {}
 
 
-def _stamp(path: Path) -> tuple[int, int, int, int]:
+def _stamp(path: Path) -> tuple[int, int, int, int, int]:
+    """What changes when the file does: ctime too, which (unlike mtime: cp -p, rsync -t, touch) cannot be set back."""
     st = path.stat()
-    return st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
 
 
 def weight_files(path: Path) -> list[Path]:

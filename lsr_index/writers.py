@@ -96,8 +96,9 @@ SERIALIZE_DOCS = 1024
 
 
 def blocks(ids: Sequence[str], vectors: SparseVectors) -> Iterator[tuple[Sequence[str], SparseVectors]]:
-    """The documents in blocks of SERIALIZE_DOCS, each serialized on its own."""
-    for lo in range(0, len(ids), SERIALIZE_DOCS):
+    """The documents in blocks of SERIALIZE_DOCS, each serialized on its own (no documents: one empty block, so an
+    empty .jsonl.gz is still a gzip member)."""
+    for lo in range(0, max(len(ids), 1), SERIALIZE_DOCS):
         hi = min(lo + SERIALIZE_DOCS, len(ids))
         yield ids[lo:hi], vectors.rows(lo, hi)
 

@@ -409,3 +409,10 @@ def test_a_closed_prefetch_stops_reading_and_its_thread_ends():
     assert next(failing) == 1
     with pytest.raises(ValueError):
         next(failing)
+    full = Prefetch(iter(int(x) for x in ["1", "x"]), depth=1)  # the error waits behind an item nobody reads
+    time.sleep(0.3)
+    full.close()
+    deadline = time.time() + 10
+    while threading.active_count() > before and time.time() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before

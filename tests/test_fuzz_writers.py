@@ -201,3 +201,19 @@ def _respaced(line: bytes, tail: str, comma: str, colon: str) -> bytes:
     head, _, body = line.rstrip(b"\n").partition(b'"vector":{')
     body = body.replace(b'":', b'"' + colon.encode()).replace(b',"', comma.encode() + b'"')
     return head + b'"vector":{' + body + tail.encode()
+
+
+def test_an_empty_gzip_shard_is_still_a_gzip_file(tmp_path):
+    """Serialized in blocks: no documents must still make one (empty) gzip member, not a zero-byte .gz."""
+    import gzip
+
+    import numpy as np
+
+    from lsr_index.quantize import SparseVectors
+    from lsr_index.writers import ShardWriter
+
+    writer = ShardWriter(tmp_path / "part-00000.jsonl.gz", "jsonl.gz", np.array(["a"], dtype=object))
+    writer.add([], SparseVectors(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)))
+    writer.finish()
+    data = (tmp_path / "part-00000.jsonl.gz").read_bytes()
+    assert data[:2] == b"\x1f\x8b" and gzip.decompress(data) == b""

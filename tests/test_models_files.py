@@ -9,6 +9,7 @@ import pickle
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -47,16 +48,22 @@ def test_identity_is_hashed_once_per_process_and_a_same_size_edit_is_still_seen(
     reads = []
     hash_file = model_files.sha256_file
     monkeypatch.setattr(model_files, "sha256_file", lambda path: reads.append(path.name) or hash_file(path))
-    before = model_sha256(tiny_copy)  # copied with their times: files older than the clock's granularity
+    later = type("Clock", (), {"time_ns": staticmethod(lambda: time.time_ns() + 3_000_000_000)})
+    monkeypatch.setattr(model_files, "time", later)  # the files are past the freshness window
+    before = model_sha256(tiny_copy)
     hashed = len(reads)
     assert model_sha256(tiny_copy) == before and len(reads) == hashed  # a run asks twice: read once
     weights = tiny_copy / "model.safetensors"
+    stat = weights.stat()
     data = bytearray(weights.read_bytes())
-    data[-1] ^= 1  # same size, same inode, a new time
+    data[-1] ^= 1  # same size, same inode, and the modification time set back as cp -p or rsync -t do
     with open(weights, "r+b") as f:
         f.write(data)
-    assert model_sha256(tiny_copy) != before
-    assert model_sha256(tiny_copy) != before  # not kept while fresh: hashed again
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    monkeypatch.setattr(model_files, "time", time)  # now: the edit is fresh, so its answer is not kept
+    changed = model_sha256(tiny_copy)
+    assert changed != before
+    assert model_sha256(tiny_copy) == changed
     assert reads.count("model.safetensors") == 3
 
 
