@@ -14,11 +14,14 @@ import re
 import sys
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from .errors import LsrIndexError
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     import torch
@@ -72,22 +75,33 @@ def model_sha256(path: Path) -> str:
     files = identity_files(path)
     if not files:
         raise LsrIndexError(f"model {path}: no model files (config.json, weights, tokenizer) in it")
-    # kept for this process while no file's size, times or inode change: a run asks twice (its manifest, the model
-    # load), and hashing XLM-R's 1.1 GB of weights takes about half a second. A file changed in the last seconds
-    # could change again within the clock's granularity unseen, so such an answer is not kept.
-    stamps = tuple((name, *_stamp(path / name)) for name in files)
-    key = (str(path.resolve()), stamps)
-    if key in _identities:
-        return _identities[key]
+    return kept_per_process(path, "sha256", files, lambda: _hash_files(path, files))
+
+
+def _hash_files(path: Path, files: list[str]) -> str:
     digest = hashlib.sha256()
     for name in files:
         digest.update(f"{name}\0{sha256_file(path / name)}\n".encode())
-    if all(max(mtime, ctime) < time.time_ns() - 2_000_000_000 for _, _, mtime, ctime, _, _ in stamps):
-        _identities[key] = digest.hexdigest()
     return digest.hexdigest()
 
 
-_identities: dict[tuple, str] = {}
+def kept_per_process(path: Path, what: str, files: list[str], compute: Callable[[], T]) -> T:
+    """compute(), kept for this process while none of `files` (in directory `path`) changes size, times or inode.
+
+    A run asks more than once for what is costly to make from a model's files (the identity hash: half a second on
+    XLM-R's 1.1 GB of weights; the 250k-term tokenizer: ~0.4 s to load). A file changed in the last two seconds
+    could change again within the clock's granularity unseen, so such an answer is not kept."""
+    stamps = tuple((name, *_stamp(path / name)) for name in files)
+    key = (what, str(path.resolve()), stamps)
+    if key in _kept:
+        return _kept[key]
+    value = compute()
+    if all(max(mtime, ctime) < time.time_ns() - 2_000_000_000 for _, _, mtime, ctime, _, _ in stamps):
+        _kept[key] = value
+    return value
+
+
+_kept: dict[tuple, object] = {}
 
 
 def _stamp(path: Path) -> tuple[int, int, int, int, int]:

@@ -67,6 +67,23 @@ def test_identity_is_hashed_once_per_process_and_a_same_size_edit_is_still_seen(
     assert reads.count("model.safetensors") == 3
 
 
+def test_the_tokenizer_is_read_once_per_process_until_its_files_change(tiny_copy, monkeypatch):
+    from lsr_index import model_files, models
+
+    later = type("Clock", (), {"time_ns": staticmethod(lambda: time.time_ns() + 3_000_000_000)})
+    monkeypatch.setattr(model_files, "time", later)
+    first = models.tokenizer_at(tiny_copy)
+    assert models.tokenizer_at(tiny_copy) is first  # the manifest's record, then the encoder: one read
+    terms, holes = models.tokenizer_terms(first)
+    terms[0] = "changed by a caller"
+    assert models.tokenizer_terms(first) == ([*first.convert_ids_to_tokens(list(range(len(first))))], holes)
+    spec = json.loads((tiny_copy / "tokenizer.json").read_text())
+    spec["model"]["vocab"]["zzz-new-term"] = len(spec["model"]["vocab"])
+    (tiny_copy / "tokenizer.json").write_text(json.dumps(spec))
+    again = models.tokenizer_at(tiny_copy)
+    assert again is not first and models.tokenizer_terms(again)[0][-1] == "zzz-new-term"
+
+
 def test_identity_covers_sentence_transformers_modules(tiny_copy):
     (tiny_copy / "1_SpladePooling").mkdir()
     pooling = tiny_copy / "1_SpladePooling" / "config.json"
