@@ -10,8 +10,8 @@ Two modes:
     python benchmarks/sample_encode.py --cli "encode corpus.jsonl -o out --device cuda"
 
 Prints samples per thread, the most frequent (thread, lsr-index frames | innermost frame), and a timeline of the
-main thread (its most frequent stack in each `--window` seconds): where the wall clock goes before the first batch
-and after the last. Run it when end to end falls behind model only.
+main thread, or of the `--threads` named (its most frequent stack in each `--window` seconds): where the wall clock
+goes before the first batch and after the last. Run it when end to end falls behind model only.
 """
 
 import argparse
@@ -28,7 +28,7 @@ OURS = ("lsr_index", "kernels", "sparton")
 
 
 class Sampler:
-    """Stacks of every other thread every `every` seconds; the main thread's also in time order."""
+    """Stacks of every other thread every `every` seconds, also in time order."""
 
     def __init__(self, every: float = 0.005):
         self.every, self.stacks, self.timeline = every, collections.Counter(), []
@@ -44,7 +44,7 @@ class Sampler:
         self._thread.join()
 
     def _run(self) -> None:
-        me, main, t0 = threading.get_ident(), threading.main_thread().ident, time.perf_counter()
+        me, t0 = threading.get_ident(), time.perf_counter()
         while not self._stop.is_set():
             names = {t.ident: t.name for t in threading.enumerate()}
             for tid, frame in sys._current_frames().items():
@@ -57,25 +57,27 @@ class Sampler:
                     f = f.f_back
                 leaf = f"{frame.f_code.co_name}@{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
                 stack = ">".join(reversed(chain[:4])) + " | " + leaf
-                self.stacks[(names.get(tid, "?")[:14], stack)] += 1
-                if tid == main:
-                    self.timeline.append((time.perf_counter() - t0, stack))
+                name = names.get(tid, "?")
+                self.stacks[(name[:14], stack)] += 1
+                self.timeline.append((time.perf_counter() - t0, name, stack))
             time.sleep(self.every)
 
-    def report(self, top: int, window: float) -> None:
+    def report(self, top: int, window: float, threads_shown: tuple[str, ...] = ("MainThread",)) -> None:
         threads = collections.Counter()
         for (thread, _), count in self.stacks.items():
             threads[thread] += count
         print(f"samples per thread ({self.every * 1000:.0f} ms each):", dict(threads))
         for (thread, stack), count in self.stacks.most_common(top):
             print(f"{count:7d} {thread:14s} {stack}")
-        print(f"main thread, most frequent stack per {window} s (samples in the window):")
-        windows: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
-        for t, stack in self.timeline:
-            windows[int(t / window)][stack] += 1
-        for w in sorted(windows):
-            stack, count = windows[w].most_common(1)[0]
-            print(f"{w * window:7.2f} s {count:3d}/{sum(windows[w].values()):3d} {stack}")
+        for shown in threads_shown:
+            print(f"thread {shown}, most frequent stack per {window} s (samples in the window):")
+            windows: dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+            for t, name, stack in self.timeline:
+                if name == shown:
+                    windows[int(t / window)][stack] += 1
+            for w in sorted(windows):
+                stack, count = windows[w].most_common(1)[0]
+                print(f"{w * window:7.2f} s {count:3d}/{sum(windows[w].values()):3d} {stack}")
 
 
 def sample_cli(args: argparse.Namespace) -> None:
@@ -87,7 +89,7 @@ def sample_cli(args: argparse.Namespace) -> None:
             cli.main(shlex.split(args.cli), prog_name="lsr-index", standalone_mode=False)
         finally:
             print(f"lsr-index {args.cli}: {time.perf_counter() - t0:.1f} s from before the first import", flush=True)
-    sampler.report(args.top, args.window)
+    sampler.report(args.top, args.window, tuple(args.threads.split(",")))
 
 
 def sample_synthetic(args: argparse.Namespace) -> None:
@@ -115,7 +117,7 @@ def sample_synthetic(args: argparse.Namespace) -> None:
         worker = manifest.stats["per_worker"][0]
         print(f"{run}: {manifest.docs:,} docs in {seconds:.1f} s = {manifest.docs / seconds:,.0f} docs/s; start-up "
               f"{worker['startup_seconds']:.1f} s, then {worker['docs_per_second_after_startup']:,.0f}", flush=True)
-    sampler.report(args.top, args.window)
+    sampler.report(args.top, args.window, tuple(args.threads.split(",")))
 
 
 def main() -> None:
@@ -127,7 +129,9 @@ def main() -> None:
     parser.add_argument("--arch", default="bert-base", choices=("bert-base", "xlmr-base"))
     parser.add_argument("--smoke", action="store_true", help="a 2-layer model: checks the script, measures nothing")
     parser.add_argument("--top", type=int, default=40)
-    parser.add_argument("--window", type=float, default=0.25, help="seconds per line of the main thread's timeline")
+    parser.add_argument("--window", type=float, default=0.25, help="seconds per line of a thread's timeline")
+    parser.add_argument("--threads", default="MainThread",
+                        help="comma list of the threads whose timeline is printed (e.g. MainThread,model-load)")
     args = parser.parse_args()
     sample_cli(args) if args.cli else sample_synthetic(args)
 

@@ -53,10 +53,12 @@ def test_sample_encode_samples_a_cli_run_from_its_first_import(tmp_path, capsys,
     sampler = load("sample_encode")
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"id": str(i), "text": f"protein {i} binds"}) + "\n" for i in range(20)))
-    monkeypatch.setattr(sys, "argv", ["sample_encode.py", "--window", "0.1", "--top", "5", "--cli",
+    monkeypatch.setattr(sys, "argv", ["sample_encode.py", "--window", "0.1", "--top", "5",
+                                      "--threads", "MainThread,model-load", "--cli",
                                       f"-q encode {corpus} -o {tmp_path / 'v'} --device cpu --doc-max-length 16"])
     sampler.main()
     out = capsys.readouterr().out
     assert "encoded 20 documents" in out and "from before the first import" in out
-    assert "samples per thread" in out and "main thread, most frequent stack per 0.1 s" in out
+    assert "samples per thread" in out and "thread MainThread, most frequent stack per 0.1 s" in out
+    assert "load_model" in out.split("thread model-load, most frequent stack per 0.1 s")[1]  # its timeline
     assert (tmp_path / "v" / "manifest.json").exists()
