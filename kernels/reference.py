@@ -54,7 +54,9 @@ def _segment_pool(tokens: Tensor, doc_ids: Tensor, n_docs: int, weight: Tensor, 
     """
     check_options(pooling, activation)
     if pooling == "max" and tokens.dtype != torch.float64 and tokens.device.type == "cpu" and cpu_head.available():
-        return cpu_head.screened_max_pool(tokens, doc_ids, n_docs, weight, bias, activation)
+        screened = cpu_head.screened_max_pool(tokens, doc_ids, n_docs, weight, bias, activation)
+        if screened is not None:  # None: too many terms may be nonzero for the screen to pay
+            return screened
     dtype = torch.float64 if tokens.dtype == torch.float64 else torch.float32
     tokens = tokens.to(dtype)
     n_tokens, n_vocab = tokens.shape[0], weight.shape[0]

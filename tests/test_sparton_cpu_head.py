@@ -87,3 +87,49 @@ def test_nan_and_masked_terms_come_out_as_in_the_float32_path(monkeypatch, seed)
     assert torch.equal(screened.isnan(), plain.isnan()) and screened[1].isnan().all()
     torch.testing.assert_close(screened[[0, 2]], plain[[0, 2]], rtol=1e-5, atol=1e-5)
     assert (screened[:, [7, 40]][[0, 2]] == 0).all()
+
+
+def _norm_underflow():
+    """Token components ~1e-23: their float32 squares flush to 0, and a float32 norm would drop the bound's error term
+    while each component rounds down to bf16 by almost a whole step."""
+    hidden, bump = 1024, 1 + 0.99 * 2.0**-8
+    tokens = torch.full((4, hidden), 2.0**-76 * bump)
+    weight = torch.full((64, hidden), 2.0**56 * bump)
+    screened = hidden * 2.0**-76 * 2.0**56  # what the bf16 logits see
+    bias = torch.full((64,), -1e6)
+    bias[0] = -screened * (1 + 2.0**-8 / (1 - 2.0**-8)) * (1 + 2.0**-20)  # just past the bf16 logit's own lift
+    return tokens, weight, bias
+
+
+def _subnormal_inputs():
+    """A subnormal token component: the dot-product instructions read it as 0."""
+    tokens = torch.zeros(2, 64)
+    tokens[:, 0] = 1e-38
+    weight = torch.zeros(64, 64)
+    weight[:, 0] = 1e19
+    bias = torch.full((64,), -1e6)
+    bias[0] = -1e-25
+    return tokens, weight, bias
+
+
+@pytest.mark.parametrize("make", [_norm_underflow, _subnormal_inputs], ids=["norm-underflow", "subnormal"])
+def test_extreme_scales_lose_no_term(monkeypatch, make):
+    tokens, weight, bias = make()
+    doc_ids = torch.zeros(tokens.shape[0], dtype=torch.long)
+    screened = cpu_head.screened_max_pool(tokens, doc_ids, 1, weight, bias, "log1p_relu")
+    assert screened is not None  # the screen itself answered, not the dense fallback
+    monkeypatch.setattr(cpu_head, "available", lambda: False)
+    plain = sparton.splade_max_packed(tokens, weight, bias, torch.tensor([0, tokens.shape[0]], dtype=torch.int32))
+    assert plain[0, 0] > 0 and (plain[0, 1:] == 0).all()
+    # the kept logit is a float32 sum of ~0.016 cancelled by the bias down to ~4e-6: each path rounds it its own way
+    torch.testing.assert_close(screened, plain, rtol=0, atol=1e-9)
+
+
+def test_a_head_with_most_terms_positive_runs_the_float32_path(seed):
+    """An untrained head (bias 0: about half the terms positive) would make the screen recompute nearly everything."""
+    tokens, weight, _, cu = _packed(seed, [6, 0, 9], 16, 200, torch.float32)
+    lengths = [6, 0, 9]
+    doc_ids = torch.repeat_interleave(torch.arange(3), torch.tensor(lengths))
+    assert cpu_head.screened_max_pool(tokens, doc_ids, 3, weight, torch.zeros(200), "log1p_relu") is None
+    got = sparton.splade_max_packed(tokens, weight, torch.zeros(200), cu, backend="torch")
+    torch.testing.assert_close(got.double(), _oracle(tokens, weight, torch.zeros(200), lengths), rtol=2e-5, atol=2e-5)
