@@ -166,18 +166,22 @@ def test_two_workers_write_what_one_writes(encoded, tmp_path):
         [(s.file, s.start, s.docs, s.sha256) for s in whole.shards]
 
 
-def _encode_cmd(out: Path) -> list[str]:
-    return [*LSR, "--quiet", "encode", str(SAMPLE / "corpus.jsonl"), "-o", str(out), "--shard-docs", "20",
-            "--doc-max-length", "32", "--format", "jsonl"]
+def _encode_cmd(corpus: Path, out: Path) -> list[str]:
+    return [*LSR, "--quiet", "encode", str(corpus), "-o", str(out), "--shard-docs", "40", "--doc-max-length", "32",
+            "--format", "jsonl"]
 
 
 def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
     """Kill `encode` at several points in a row; each rerun continues; the end result is identical."""
-    subprocess.run(_encode_cmd(tmp_path / "whole"), check=True, capture_output=True)
+    lines = (SAMPLE / "corpus.jsonl").read_text().splitlines()
+    corpus = tmp_path / "corpus.jsonl"  # 1,600 documents: long enough to outlast several once-a-second manifest saves
+    corpus.write_text("".join(json.dumps({**json.loads(line), "id": f"{k}-" + json.loads(line)["id"]}) + "\n"
+                              for k in range(4) for line in lines))
+    subprocess.run(_encode_cmd(corpus, tmp_path / "whole"), check=True, capture_output=True)
     out = tmp_path / "killed"
     kills = 0
-    for wait_for_shards in (2, 7, 13):  # of 20
-        proc = subprocess.Popen(_encode_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for wait_for_shards in (4, 14, 26):  # of 40
+        proc = subprocess.Popen(_encode_cmd(corpus, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
             try:
@@ -193,11 +197,11 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
         if Manifest.load(out).complete:
             break
     else:
-        done = subprocess.run(_encode_cmd(out), capture_output=True, text=True)
+        done = subprocess.run(_encode_cmd(corpus, out), capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
     assert kills >= 2
     whole, resumed = Manifest.load(tmp_path / "whole"), Manifest.load(out)
-    assert resumed.complete and resumed.docs == whole.docs == 400
+    assert resumed.complete and resumed.docs == whole.docs == 1600
     assert [s.sha256 for s in resumed.shards] == [s.sha256 for s in whole.shards]
     assert vectors_of(out) == vectors_of(tmp_path / "whole")
     assert not list((out / "shards").glob(".*"))
