@@ -40,9 +40,10 @@ _BLOCK_VOCAB = 512
 
 
 def available() -> bool:
-    """Whether this CPU multiplies bf16 natively (otherwise a bf16 matmul is slower than float32's)."""
-    return torch.backends.mkldnn.is_available() and (torch.cpu._is_avx512_bf16_supported()
-                                                     or torch.cpu._is_amx_tile_supported())
+    """Whether this CPU multiplies bf16 natively (otherwise a bf16 matmul is slower than float32's). The probes are
+    private to torch: a torch without them gets the float32 path, not an error."""
+    probes = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    return torch.backends.mkldnn.is_available() and any(probe is not None and probe() for probe in probes)
 
 
 def screened_max_pool(tokens: Tensor, doc_ids: Tensor, n_docs: int, weight: Tensor, bias: Tensor | None,
@@ -97,6 +98,7 @@ def screened_max_pool(tokens: Tensor, doc_ids: Tensor, n_docs: int, weight: Tens
     starts = (torch.cumsum(counts, 0) - counts).tolist()
     for d, (start, count) in enumerate(zip(starts, counts.tolist())):
         if per_doc[d]:
-            logits = torch.mm(tokens[start : start + count], weight[terms[d]].T).amax(0) + bias[terms[d]]
-            out[d, terms[d]] = reference.activate(logits, activation)
+            kept = terms[d]
+            logits = torch.mm(tokens[start : start + count], weight[kept].T).amax(0) + bias[kept]
+            out[d, kept] = reference.activate(logits, activation)
     return out
