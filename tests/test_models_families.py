@@ -16,13 +16,12 @@ import sys
 import pytest
 import torch
 
-_TRITON_WAS_IMPORTED = "triton" in sys.modules
 os.environ["TRITON_INTERPRET"] = "1"
 
-import sparton  # noqa: E402
-from lsr_index.encoder import SpladeEncoder  # noqa: E402
-from lsr_index.errors import LsrIndexError  # noqa: E402
-from lsr_index.models import load_model  # noqa: E402
+import sparton
+from lsr_index.encoder import SpladeEncoder
+from lsr_index.errors import LsrIndexError
+from lsr_index.models import load_model
 
 WORDS = ["protein", "receptor", "binds", "cells", "gene", "cancer", "risk", "trial", "vitamin", "fracture", "neurons",
          "disease", "mutation", "the", "a", "of", "in", "and", "with", "to", "patients", "older", "adults",
@@ -204,7 +203,8 @@ def test_not_a_masked_lm_is_refused(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not _TRITON_WAS_IMPORTED, reason="triton imported here after TRITON_INTERPRET=1: ran in-process")
+@pytest.mark.skipif(sparton.splade_head is None or sparton.splade_head.INTERPRETED,
+                    reason="the interpreter tests ran in this process (or triton is missing)")
 def test_interpreter_tests_in_subprocess():
     env = dict(os.environ, TRITON_INTERPRET="1")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__, "-k", "triton"]
