@@ -15,6 +15,7 @@ import zlib
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 
 from lsr_index import encode_corpus as encode_module
 from lsr_index.corpus import CorpusReader
@@ -80,8 +81,7 @@ def test_overwrite_never_deletes_or_writes_among_the_inputs(tmp_path):
     assert inside.read_text().count("\n") == 30
     plain = corpus_dir / "x.jsonl"
     plain.write_text("\n".join(sample_lines(30)) + "\n")
-    cli = subprocess.run([sys.executable, "-m", "lsr_index", "--quiet", "encode", str(plain), "-o", str(corpus_dir),
-                          "--overwrite"], capture_output=True, text=True)
+    cli = run_cli("--quiet", "encode", str(plain), "-o", str(corpus_dir), "--overwrite")
     assert cli.returncode == 1 and "inside the output directory" in cli.stderr and "Traceback" not in cli.stderr
     assert plain.read_text().count("\n") == 30 and inside.read_text().count("\n") == 30
 
@@ -117,8 +117,7 @@ def test_quantization_refuses_bad_values(values):
 def test_a_preset_with_zero_shard_docs_is_one_clear_line(tmp_path):
     preset = tmp_path / "p.toml"
     preset.write_text("shard_docs = 0\n")
-    run = subprocess.run([sys.executable, "-m", "lsr_index", "--quiet", "encode", str(SAMPLE), "-o",
-                          str(tmp_path / "v"), "--preset", str(preset)], capture_output=True, text=True)
+    run = run_cli("--quiet", "encode", str(SAMPLE), "-o", str(tmp_path / "v"), "--preset", str(preset))
     assert run.returncode == 1 and "shard_docs must be an integer ≥ 1" in run.stderr, run.stderr
     assert "Traceback" not in run.stderr
 
@@ -227,6 +226,12 @@ def _run(corpus: Path, out: Path, fmt: str, checkpoint: float) -> subprocess.Pop
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def _encode_as_driver(corpus: Path, out: Path, fmt: str, checkpoint: float) -> Manifest:
+    """What DRIVER does, in this process (the runs that are not killed)."""
+    return encode(corpus, out, output_format=fmt, checkpoint_seconds=checkpoint, max_tokens=4096,
+                  shard_docs=EncodeOptions().shard_docs)
+
+
 def _chunks_recorded(out: Path) -> int:
     try:
         return len(json.loads((out / "manifest.json").read_text())["chunks"])
@@ -243,8 +248,7 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     corpus.write_text("".join(json.dumps({**json.loads(line), "id": f"{k}-" + json.loads(line)["id"]}) + "\n"
                               for k in range(copies) for line in lines))
     total = copies * len(lines)
-    whole = _run(corpus, tmp_path / "whole", fmt, 30.0)
-    assert whole.wait() == 0, whole.stderr.read()
+    reference = _encode_as_driver(corpus, tmp_path / "whole", fmt, 30.0)
     out = tmp_path / "killed"
     proc = _run(corpus, out, fmt, 0.0)  # a checkpoint at every piece end
     deadline = time.time() + 300
@@ -256,10 +260,8 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     at_kill = Manifest.load(out)
     checkpointed = sum(c.docs for c in at_kill.chunks)
     assert not at_kill.shards and checkpointed >= 512
-    rerun = _run(corpus, out, fmt, 0.0)
-    assert rerun.wait() == 0, rerun.stderr.read()
-    assert rerun.stdout.read().split() == [str(total - checkpointed), str(checkpointed)]
-    resumed, reference = Manifest.load(out), Manifest.load(tmp_path / "whole")
+    resumed = _encode_as_driver(corpus, out, fmt, 0.0)  # the rerun, in this process
+    assert (resumed.stats["docs_this_run"], resumed.stats["resumed_at"]) == (total - checkpointed, checkpointed)
     assert [(s.docs, s.nonzeros, s.input) for s in resumed.shards] == \
         [(s.docs, s.nonzeros, s.input) for s in reference.shards]
     assert vectors_of(out) == vectors_of(tmp_path / "whole")

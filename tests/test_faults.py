@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 
 from lsr_index import writers
 from lsr_index.durable import atomic_write_bytes, exclusive_lock
@@ -502,15 +503,13 @@ def bad_corpus(tmp_path_factory) -> tuple[Path, list[str]]:
 
 @pytest.fixture(scope="module")
 def cli_runs(splade_tiny, bad_corpus, tmp_path_factory):
-    """`encode --on-error skip` and `--on-error fail` on the bad corpus, run side by side to save time."""
+    """`encode --on-error skip` and `--on-error fail` on the bad corpus."""
     path, _ = bad_corpus
     work = tmp_path_factory.mktemp("cli")
     common = ["--doc-max-length", "32", "--shard-docs", "10", "--format", "jsonl"]
-    procs = {mode: subprocess.Popen([*LSR, "encode", str(path), "-o", str(work / mode), "--on-error", mode, *common],
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-             for mode in ("skip", "fail")}
-    done = {mode: (proc, *proc.communicate(timeout=300)) for mode, proc in procs.items()}
-    return {mode: (proc.returncode, stderr, work / mode) for mode, (proc, _, stderr) in done.items()}
+    done = {mode: run_cli("--quiet", "encode", str(path), "-o", str(work / mode), "--on-error", mode, *common)
+            for mode in ("skip", "fail")}
+    return {mode: (run.returncode, run.stderr, work / mode) for mode, run in done.items()}
 
 
 def test_on_error_skip_lists_every_skipped_record(bad_corpus, cli_runs):

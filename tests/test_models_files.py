@@ -7,12 +7,11 @@ import json
 import os
 import pickle
 import shutil
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
+from cli_runner import run_cli
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.model_files import identity_files, model_sha256
@@ -146,15 +145,13 @@ def test_hostile_pickle_is_refused_without_running(tiny_copy, tmp_path, legacy):
     assert "\n" not in message and "refused" in message and "pytorch_model.bin" in message, message
 
 
-@pytest.mark.slow  # two Python processes importing torch and transformers
 def test_hostile_pickle_through_the_cli_is_one_line(tiny_copy, tmp_path):
     marker = tmp_path / "pwned"
     (tiny_copy / "model.safetensors").unlink()
     torch.save({"w": _Hostile(marker)}, tiny_copy / "pytorch_model.bin")
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "d1", "contents": "a protein"}\n')
-    run = subprocess.run([sys.executable, "-m", "lsr_index", "-w", str(tmp_path / "w"), "encode", str(corpus),
-                          "--model", str(tiny_copy)], capture_output=True, text=True, timeout=300)
+    run = run_cli("-w", str(tmp_path / "w"), "encode", str(corpus), "--model", str(tiny_copy))
     assert run.returncode != 0 and not marker.exists()
     errors = [line for line in run.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "refused" in errors[0] and "Traceback" not in run.stderr, run.stderr

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from terminal import on_terminal
 
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
@@ -166,8 +167,8 @@ def test_two_workers_write_what_one_writes(encoded, tmp_path):
         [(s.file, s.start, s.docs, s.sha256) for s in whole.shards]
 
 
-def _encode_cmd(corpus: Path, out: Path) -> list[str]:
-    return [*LSR, "--quiet", "encode", str(corpus), "-o", str(out), "--shard-docs", "40", "--doc-max-length", "32",
+def _encode_args(corpus: Path, out: Path) -> list[str]:
+    return ["--quiet", "encode", str(corpus), "-o", str(out), "--shard-docs", "40", "--doc-max-length", "32",
             "--format", "jsonl"]
 
 
@@ -177,11 +178,12 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
     corpus = tmp_path / "corpus.jsonl"  # 1,600 documents: long enough to outlast several once-a-second manifest saves
     corpus.write_text("".join(json.dumps({**json.loads(line), "id": f"{k}-" + json.loads(line)["id"]}) + "\n"
                               for k in range(4) for line in lines))
-    subprocess.run(_encode_cmd(corpus, tmp_path / "whole"), check=True, capture_output=True)
+    assert run_cli(*_encode_args(corpus, tmp_path / "whole")).returncode == 0  # in this process
     out = tmp_path / "killed"
     kills = 0
-    for wait_for_shards in (4, 14, 26):  # of 40
-        proc = subprocess.Popen(_encode_cmd(corpus, out), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for wait_for_shards in (6, 22):  # of 40
+        proc = subprocess.Popen([*LSR, *_encode_args(corpus, out)], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
         deadline = time.time() + 120
         while time.time() < deadline and proc.poll() is None:
             try:
@@ -197,7 +199,7 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path):
         if Manifest.load(out).complete:
             break
     else:
-        done = subprocess.run(_encode_cmd(corpus, out), capture_output=True, text=True)
+        done = run_cli(*_encode_args(corpus, out))
         assert done.returncode == 0, done.stderr
     assert kills >= 2
     whole, resumed = Manifest.load(tmp_path / "whole"), Manifest.load(out)

@@ -1,5 +1,6 @@
 """encode → build → search through the CLI with a separate query model, and with an inference-free token-weight
-query encoder: real processes, tiny random models saved by the test, a real Lucene index.
+query encoder: tiny random models saved by the test, a real Lucene index, and search in a process of its own (which
+reports the model classes it imported).
 
 Each run is checked against an independent computation: the query vectors from the query model's own full forward
 (or from the table by hand), integer dot products over the documents' vectors as the shards hold them.
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_runner import run_cli
 from test_models_families import WORDS, _reference, _save
 
 from lsr_index.manifest import Manifest
@@ -55,10 +57,11 @@ def _corpus(root: Path) -> tuple[Path, Path]:
 def _encode_build_search(root: Path, model: Path, *extra: str) -> tuple[Manifest, dict, dict, str]:
     """The manifest, the documents' vectors, the run, and the search process's stderr."""
     corpus, queries = _corpus(root)
-    encoded = _lsr("encode", str(corpus), "-o", str(root / "vectors"), "--model", str(model), "--doc-max-length",
-                   "32", "--query-max-length", "16", "--format", "jsonl", "--device", "cpu", *extra)
+    encoded = run_cli("--quiet", "encode", str(corpus), "-o", str(root / "vectors"), "--model", str(model),
+                      "--doc-max-length", "32", "--query-max-length", "16", "--format", "jsonl", "--device", "cpu",
+                      *extra)
     assert encoded.returncode == 0, encoded.stderr[-2000:]
-    built = _lsr("build", "--vectors", str(root / "vectors"), "--index", str(root / "index"))
+    built = run_cli("--quiet", "build", "--vectors", str(root / "vectors"), "--index", str(root / "index"))
     assert built.returncode == 0, built.stderr[-2000:]
     searched = _lsr("search", "--queries", str(queries), "--index", str(root / "index"), "--run", str(root / "run"),
                     "--hits", str(HITS))
@@ -129,14 +132,13 @@ def test_token_weight_queries_end_to_end_load_no_transformer(tmp_path):
     assert run == exact and sum(map(len, exact.values())) >= 20
 
 
-@pytest.mark.slow
 def test_query_model_with_another_vocabulary_is_refused_in_one_line(tmp_path):
     documents = _save("bert", tmp_path / "doc", pickled=False)[0]
     query = _save("roberta", tmp_path / "query", pickled=False)[0]
     corpus, _ = _corpus(tmp_path)
-    refused = _lsr("encode", str(corpus), "-o", str(tmp_path / "vectors"), "--model", str(documents),
-                   "--query-model", str(query), "--doc-max-length", "32", "--device", "cpu")
-    errors = refused.stderr.splitlines()[:-1]
+    refused = run_cli("--quiet", "encode", str(corpus), "-o", str(tmp_path / "vectors"), "--model", str(documents),
+                      "--query-model", str(query), "--doc-max-length", "32", "--device", "cpu")
+    errors = refused.stderr.splitlines()
     assert refused.returncode == 1 and len(errors) == 1, refused.stderr[-2000:]
     assert "differs from the document model's" in errors[0] and "Traceback" not in refused.stderr
     assert not (tmp_path / "vectors").exists()

@@ -3,23 +3,18 @@ hold are refused by name."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from cli_runner import run_cli
 from search_fixtures import SAMPLE, build, query_terms, random_docs, write_vectors
 
 from lsr_index.topics import read_queries
 
-LSR = [sys.executable, "-m", "lsr_index", "--quiet"]
-ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
 
-
-def lsr(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*LSR, *args], capture_output=True, text=True, timeout=300, env=ENV)
+def lsr(*args: str):
+    return run_cli("--quiet", *args)
 
 
 @pytest.mark.parametrize(("option", "value"), [("--hits", "2147483648"), ("--hits", "0"), ("--threads", "0"),

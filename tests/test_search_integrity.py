@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 from search_fixtures import SAMPLE, build, query_terms, random_docs, write_vectors
 
 from lsr_index.errors import LsrIndexError
@@ -71,10 +69,8 @@ def test_a_damaged_index_is_one_line_through_the_cli_and_no_run(index, tmp_path)
     shutil.copytree(index, copy)
     _flip_a_tim_byte(copy)
     run = tmp_path / "runs" / "q.trec"
-    done = subprocess.run([sys.executable, "-m", "lsr_index", "--quiet", "search", "--index", str(copy),
-                           "--queries", str(SAMPLE / "queries.tsv"), "--run", str(run)],
-                          capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    done = run_cli("--quiet", "search", "--index", str(copy), "--queries", str(SAMPLE / "queries.tsv"),
+                   "--run", str(run))
     assert done.returncode == 1, done.stderr
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith(f"error: {copy}: the Lucene index is damaged: CorruptIndexException: checksum failed")
