@@ -27,11 +27,12 @@ def pytest_configure(config: pytest.Config) -> None:
             os.environ.setdefault(name, "1")
 
 
-# The files that take longest on one core, longest first (seconds, from a --durations=0 run here): handed out to the
-# test processes in this order, before the many short files (pytest-xdist would order files by test count, which put
-# the one-test SciFact file last, alone at the end of the run). addopts carries --no-loadscope-reorder for this.
-LONGEST_FIRST = ("test_ray.py", "test_scifact.py", "test_pipeline.py", "test_encode_robustness.py",  # 187 114 95 80
-                 "test_resume.py", "test_build.py", "test_faults.py", "test_sparton.py")  # 73 45 41 36
+# The files that take longest, longest first (seconds in one full run here, each file on one test process): handed
+# out to the test processes in this order, before the many short files (pytest-xdist would order files by test
+# count, which put the one-test SciFact file last, alone at the end of the run). addopts carries
+# --no-loadscope-reorder for this.
+LONGEST_FIRST = ("test_ray.py", "test_scifact.py", "test_pipeline.py", "test_encode_robustness.py",  # 167 116 78 60
+                 "test_build.py", "test_faults.py", "test_resume.py", "test_search_signals.py")  # 44 34 27 17
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

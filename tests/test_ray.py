@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_runner import run_cli
 
 from lsr_index.writers import read_shard
 
@@ -34,20 +36,22 @@ def _corpus(directory: Path, docs: int) -> Path:
     return path
 
 
-def _reference(corpus: Path, out: Path, *settings: str) -> Path:
-    """The single-machine output of the same command."""
-    subprocess.run(lsr(str(corpus), "-o", str(out), "--device", "cpu", *settings), check=True)
-    return out
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     return _corpus(tmp_path_factory.mktemp("corpus"), 60)
 
 
 @pytest.fixture(scope="module")
-def reference(corpus, tmp_path_factory) -> Path:
-    return _reference(corpus, tmp_path_factory.mktemp("ref") / "v", *SETTINGS)
+def long_corpus(tmp_path_factory) -> tuple[Path, Path]:
+    """160 documents in 32 shards, and their single-machine output (the same command in this process): enough
+    shards that a node whose encoder starts later still gets some, and a run that outlasts the manifest's
+    one-second save interval by several saves, so that a driver killed after the first listed shard still had
+    work left."""
+    corpus = _corpus(tmp_path_factory.mktemp("long"), 160)
+    reference = tmp_path_factory.mktemp("long-ref") / "v"
+    done = run_cli("--quiet", "encode", str(corpus), "-o", str(reference), "--device", "cpu", *SETTINGS)
+    assert done.returncode == 0, done.stderr
+    return corpus, reference
 
 
 @pytest.fixture(scope="module")
@@ -132,20 +136,17 @@ def test_without_ray_one_line_says_what_to_install(corpus, tmp_path):
 
 def test_an_input_path_taken_for_the_address_is_refused(corpus, tmp_path):
     pytest.importorskip("ray")
-    done = subprocess.run(lsr(str(corpus), "--ray", str(corpus), "-o", str(tmp_path / "v")), capture_output=True,
-                          text=True)
+    done = run_cli("--quiet", "encode", str(corpus), "--ray", str(corpus), "-o", str(tmp_path / "v"))
     assert done.returncode == 1 and "not a Ray address" in done.stderr and "--ray=ADDRESS" in done.stderr
     assert len(done.stderr.splitlines()) == 1
 
 
 @pytest.mark.slow
-def test_cluster_output_equals_one_machine(cluster, tmp_path):
-    """Both nodes encode: enough shards (16) that a node whose encoder starts later still gets some."""
-    corpus = _corpus(tmp_path, 160)
-    settings = ["--shard-docs", "10", "--doc-max-length", "64"]
-    reference = _reference(corpus, tmp_path / "ref", *settings)
+def test_cluster_output_equals_one_machine(cluster, long_corpus, tmp_path):
+    """Both nodes encode."""
+    corpus, reference = long_corpus
     out = tmp_path / "v"
-    proc = _run(lsr(str(corpus), "-o", str(out), *settings, "--ray", cluster.address, "--ray-cpus", "1"))
+    proc = _run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"))
     _, err = proc.communicate(timeout=480)
     assert proc.returncode == 0, err
     stats = _same_output(out, reference)
@@ -154,7 +155,8 @@ def test_cluster_output_equals_one_machine(cluster, tmp_path):
 
 
 @pytest.mark.slow
-def test_a_killed_encoder_process_loses_nothing(cluster, corpus, reference, tmp_path):
+def test_a_killed_encoder_process_loses_nothing(cluster, long_corpus, tmp_path):
+    corpus, reference = long_corpus
     out = tmp_path / "v"
     proc = _run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"))
     try:
@@ -168,9 +170,10 @@ def test_a_killed_encoder_process_loses_nothing(cluster, corpus, reference, tmp_
 
 
 @pytest.mark.slow
-def test_a_killed_node_loses_nothing(cluster, corpus, reference, tmp_path):
+def test_a_killed_node_loses_nothing(cluster, long_corpus, tmp_path):
     """SIGKILL the raylet of a node whose encoder is inside a shard: the shard runs elsewhere. A third node joins
     first, so that two stay for the other tests."""
+    corpus, reference = long_corpus
     cluster.add_node(**NODE)
     cluster.wait_for_nodes()
     out = tmp_path / "v"
@@ -190,33 +193,37 @@ def test_a_killed_node_loses_nothing(cluster, corpus, reference, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def long_corpus(tmp_path_factory) -> tuple[Path, Path]:
-    """160 documents in 32 shards, and their single-machine output: a run that outlasts the manifest's one-second
-    save interval by several saves, so that a driver killed after the first listed shard still had work left."""
-    corpus = _corpus(tmp_path_factory.mktemp("long"), 160)
-    return corpus, _reference(corpus, tmp_path_factory.mktemp("long-ref") / "v", *SETTINGS)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("rerun_on", ["cluster", "one machine"])
-def test_a_killed_driver_resumes(cluster, long_corpus, tmp_path, rerun_on):
-    """The rerun, on the cluster or on one machine, encodes only what is missing and removes the killed run's
-    attempt directories."""
-    corpus, reference = long_corpus
-    out = tmp_path / "v"
-    cmd = lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1")
-    proc = _run(cmd)
+def killed_driver(cluster, long_corpus, tmp_path_factory) -> dict[str, Path]:
+    """The output of a driver SIGKILLed after its first listed shard, and a copy of it taken at once: one killed
+    run for both reruns. The cluster rerun takes the original, beside whatever the dead job left running."""
+    corpus, _ = long_corpus
+    out = tmp_path_factory.mktemp("killed") / "v"
+    proc = _run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"))
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None and _shards(out) < 1:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
+    copy = out.with_name("copy")
+    shutil.copytree(out, copy, symlinks=True)
+    return {"cluster": out, "one machine": copy}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rerun_on", ["cluster", "one machine"])
+def test_a_killed_driver_resumes(cluster, long_corpus, killed_driver, rerun_on):
+    """The rerun, on the cluster or on one machine, encodes only what is missing and removes the killed run's
+    attempt directories."""
+    corpus, reference = long_corpus
+    out = killed_driver[rerun_on]
     published = _shards(out)
     assert 1 <= published < 32, published
     assert list((out / "shards").glob(".attempt-*")), "the killed driver left no attempt to clean up"
     if rerun_on == "one machine":
-        cmd = lsr(str(corpus), "-o", str(out), *SETTINGS, "--device", "cpu")
-    again = subprocess.run(cmd, capture_output=True, text=True, timeout=480)
+        again = run_cli("--quiet", "encode", str(corpus), "-o", str(out), *SETTINGS, "--device", "cpu")
+    else:
+        again = subprocess.run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus",
+                                   "1"), capture_output=True, text=True, timeout=480)
     assert again.returncode == 0, again.stderr
     stats = _same_output(out, reference)
     assert stats["resumed_at"] >= 5 and stats["docs_this_run"] == 160 - stats["resumed_at"]
