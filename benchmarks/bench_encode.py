@@ -268,7 +268,7 @@ def main() -> None:
 
     meta = {"device": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
             "triton": triton.__version__, "python": sys.version.split()[0], "smoke": args.smoke,
-            "max_tokens": max_tokens}
+            "max_tokens": max_tokens, "host_cores": os.cpu_count(), "gpus": torch.cuda.device_count()}
     name = "".join(c if c.isalnum() else "_" for c in gpu).strip("_") + ("_smoke" if args.smoke else "")
     words = words_from(args.tokenizer)
     rows: list[dict] = []
