@@ -194,8 +194,8 @@ def test_a_killed_node_loses_nothing(cluster, long_corpus, tmp_path):
 
 @pytest.fixture(scope="module")
 def killed_driver(cluster, long_corpus, tmp_path_factory) -> dict[str, Path]:
-    """The output of a driver SIGKILLed after its first listed shard, and a copy of it taken at once: one killed
-    run for both reruns. The cluster rerun takes the original, beside whatever the dead job left running."""
+    """The output of a driver SIGKILLed after its first listed shard, and a copy of it: one killed run for both
+    reruns. The copy waits until Ray has ended the dead job's encoders, which could still be writing."""
     corpus, _ = long_corpus
     out = tmp_path_factory.mktemp("killed") / "v"
     proc = _run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"))
@@ -204,6 +204,9 @@ def killed_driver(cluster, long_corpus, tmp_path_factory) -> dict[str, Path]:
         time.sleep(0.02)
     proc.send_signal(signal.SIGKILL)
     proc.communicate()
+    deadline = time.time() + 60
+    while time.time() < deadline and any(_encoders(node) for node in cluster.worker_nodes):
+        time.sleep(0.1)
     copy = out.with_name("copy")
     shutil.copytree(out, copy, symlinks=True)
     return {"cluster": out, "one machine": copy}
