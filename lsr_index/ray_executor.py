@@ -258,7 +258,9 @@ class _Run:
             info = self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as exc:
             raise _remote_error(exc) from None
-        except self.ray.exceptions.RayActorError as exc:
+        # ActorUnschedulableError: its node left the cluster after the plan was made (Ray still listed it alive:
+        # a node's death is known only after a few missed health checks)
+        except (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnschedulableError) as exc:
             self._lost(encoder, exc)
             return
         encoder.ready, encoder.loaded_at = True, info["loaded_at"]
