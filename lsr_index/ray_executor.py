@@ -177,6 +177,11 @@ class _Run:
         self.inflight: dict[Any, _Attempt] = {}  # encode() ref → its attempt
         self.starting: dict[Any, _Encoder] = {}  # ready() ref → its encoder
         self.encoders: list[_Encoder] = []
+        errors = self.ray.exceptions
+        # what a call on an encoder raises when the encoder is gone: its process or node died, or its node left the
+        # cluster before it was placed (Ray lists a node alive until it has missed a few health checks, so a run
+        # started just after a node left still plans an encoder there)
+        self.lost_errors = (errors.RayActorError, errors.WorkerCrashedError, errors.ActorUnschedulableError)
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         actor = self.ray.remote(max_restarts=0, max_task_retries=0)(EncoderActor)
@@ -258,9 +263,7 @@ class _Run:
             info = self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as exc:
             raise _remote_error(exc) from None
-        # ActorUnschedulableError: its node left the cluster after the plan was made (Ray still listed it alive:
-        # a node's death is known only after a few missed health checks)
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.ActorUnschedulableError) as exc:
+        except self.lost_errors as exc:
             self._lost(encoder, exc)
             return
         encoder.ready, encoder.loaded_at = True, info["loaded_at"]
@@ -272,7 +275,7 @@ class _Run:
             result = self.ray.get(ref)
         except self.ray.exceptions.RayTaskError as exc:
             raise _remote_error(exc) from None
-        except (self.ray.exceptions.RayActorError, self.ray.exceptions.WorkerCrashedError) as exc:
+        except self.lost_errors as exc:
             self._lost(encoder, exc)
             return
         del self.inflight[ref]

@@ -7,24 +7,21 @@ real processes instead; so does the README's pipeline test.
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
-from pathlib import Path
 
 from click.testing import CliRunner
 
 from lsr_index.cli import main
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(*args: str) -> subprocess.CompletedProcess:
     """Like subprocess.run([lsr-index, *args], capture_output=True, text=True). An exception the CLI does not turn
     into its one-line error propagates (a real process would print a traceback), so no test can mistake it for a
     clean refusal."""
     handler = signal.getsignal(signal.SIGTERM)  # `search` installs its own
     try:
-        with contextlib.chdir(cwd) if cwd else contextlib.nullcontext():
-            result = CliRunner().invoke(main, list(args), env=env, catch_exceptions=False)
+        result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     finally:
         signal.signal(signal.SIGTERM, handler)
     return subprocess.CompletedProcess(["lsr-index", *args], result.exit_code, result.stdout, result.stderr)

@@ -210,26 +210,25 @@ def test_truncated_documents_are_counted_and_the_longest_measured(tmp_path, spla
 
 # --- issue 18: a checkpoint inside a shard; a kill loses at most the piece in progress ------------------
 
-DRIVER = textwrap.dedent("""
+def encode_checkpointed(corpus: Path, out: Path, fmt: str, checkpoint: float) -> Manifest:
+    """The kill test's runs, in this process or in DRIVER's: one shard (the default shard_docs) in pieces of 256
+    documents, checkpointed at the first piece end past `checkpoint` seconds."""
+    return encode(corpus, out, output_format=fmt, checkpoint_seconds=checkpoint, max_tokens=4096,
+                  shard_docs=EncodeOptions().shard_docs)
+
+
+DRIVER = textwrap.dedent(f"""
     import sys
     from pathlib import Path
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
-    options = EncodeOptions(doc_max_length=32, output_format=sys.argv[3], checkpoint_seconds=float(sys.argv[4]),
-                            max_tokens=4096, progress=False)
-    m = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]))
-    print(m.stats["docs_this_run"], m.stats["resumed_at"])
+    sys.path.insert(0, {str(Path(__file__).parent)!r})
+    from test_encode_robustness import encode_checkpointed
+    encode_checkpointed(Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], float(sys.argv[4]))
 """)
 
 
 def _run(corpus: Path, out: Path, fmt: str, checkpoint: float) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", DRIVER, str(corpus), str(out), fmt, str(checkpoint)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def _encode_as_driver(corpus: Path, out: Path, fmt: str, checkpoint: float) -> Manifest:
-    """What DRIVER does, in this process (the runs that are not killed)."""
-    return encode(corpus, out, output_format=fmt, checkpoint_seconds=checkpoint, max_tokens=4096,
-                  shard_docs=EncodeOptions().shard_docs)
 
 
 def _chunks_recorded(out: Path) -> int:
@@ -248,7 +247,7 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     corpus.write_text("".join(json.dumps({**json.loads(line), "id": f"{k}-" + json.loads(line)["id"]}) + "\n"
                               for k in range(copies) for line in lines))
     total = copies * len(lines)
-    reference = _encode_as_driver(corpus, tmp_path / "whole", fmt, 30.0)
+    reference = encode_checkpointed(corpus, tmp_path / "whole", fmt, 30.0)
     out = tmp_path / "killed"
     proc = _run(corpus, out, fmt, 0.0)  # a checkpoint at every piece end
     deadline = time.time() + 300
@@ -260,7 +259,7 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     at_kill = Manifest.load(out)
     checkpointed = sum(c.docs for c in at_kill.chunks)
     assert not at_kill.shards and checkpointed >= 512
-    resumed = _encode_as_driver(corpus, out, fmt, 0.0)  # the rerun, in this process
+    resumed = encode_checkpointed(corpus, out, fmt, 0.0)  # the rerun, in this process
     assert (resumed.stats["docs_this_run"], resumed.stats["resumed_at"]) == (total - checkpointed, checkpointed)
     assert [(s.docs, s.nonzeros, s.input) for s in resumed.shards] == \
         [(s.docs, s.nonzeros, s.input) for s in reference.shards]
