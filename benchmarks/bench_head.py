@@ -488,7 +488,7 @@ def sweep() -> None:
         tokens, cu, _ = packed_inputs(batch * SEQ, torch.bfloat16)
         n_tok = batch * SEQ if kind == "padded" else tokens.shape[0]
         ref = None
-        for cfg in head._CONFIGS_16 + SWEEP_EXTRA:
+        for cfg in [head._CONFIG_16, *SWEEP_EXTRA]:
             config = {**cfg.kwargs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
             if kind == "padded":
                 fn = partial(head.splade_max_triton, hidden, weight, bias, mask, config=config)

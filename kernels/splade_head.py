@@ -211,28 +211,30 @@ def _config(bv: int, bl: int, bk: int, warps: int, stages: int, group: int = 8, 
 # 16-bit inputs: a tile sized for Hopper's wgmma (M = BLOCK_V ≥ 64 per warpgroup) and TMA, ≤ 200 KB of shared
 # memory (stages × (BLOCK_V + BLOCK_L) × BLOCK_K × 2 bytes = 3 × 384 × 64 × 2 = 144 KB); the fp32 accumulator of a
 # 256×128 tile is 128 KB of registers, the most 8 warps hold without spilling. GROUP_L = 64 chunks (8k tokens) stay
-# in L2 while W streams past. One config, so nothing is timed at run time: in the H100 and H200 runs
-# (benchmarks/NOTES_head.md) it was fastest or within noise at every shape, and a second one (128×256, 32-column
-# slabs) only gave the autotuner's short timings a chance to pick it where it is 4–5% slower.
-_CONFIGS_16 = [_config(256, 128, 64, 8, 3, group=64, slab=16)]
+# in L2 while W streams past. One config, launched directly: in the H100 and H200 runs (benchmarks/NOTES_head.md) it
+# was fastest or within noise at every shape, and a second one (128×256, 32-column slabs) only gave the autotuner's
+# short timings a chance to pick it where it is 4–5% slower.
+_CONFIG_16 = _config(256, 128, 64, 8, 3, group=64, slab=16)
 # fp32 inputs take twice the shared memory per element.
 _CONFIGS_32 = [_config(128, 64, 32, 8, 3), _config(64, 64, 32, 4, 3)]
 
 
 def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> list[triton.Config]:
-    """Keep the configs made for this dtype whose BLOCK_K divides H."""
-    family = _CONFIGS_32 if named_args["tokens_desc"].base.element_size() == 4 else _CONFIGS_16
+    """Keep the fp32 configs whose BLOCK_K divides H."""
     h = named_args["H"]
-    kept = [c for c in configs if c in family and h % c.kwargs["BLOCK_K"] == 0]
+    kept = [c for c in configs if h % c.kwargs["BLOCK_K"] == 0]
     if not kept:
-        raise ValueError(f"sparton: no tuned config fits hidden size {h}: use a multiple of 64 (32 for fp32)")
+        raise ValueError(f"sparton: no tuned config fits hidden size {h}: use a multiple of 32 for fp32")
     return kept
 
 
-# cache_results: the choice is kept on disk (Triton's cache), so a fresh process (each GPU worker of an encode
-# run) does not re-time every config.
+# fp32 only. cache_results: the choice is kept on disk (Triton's cache), so a fresh process (each GPU worker of an
+# encode run) does not re-time every config. 16-bit inputs bypass the autotuner: Triton 3.6 still times a config
+# that pruning left alone, in every process, for every new key, after hashing its own sources for the disk cache's
+# key (0.4 s at the first launch on an H200 host; the timing waits for the GPU's queue): a cold run's first batches
+# waited on it.
 _splade_max_tuned = triton.autotune(
-    configs=_CONFIGS_16 + _CONFIGS_32,
+    configs=_CONFIGS_32,
     key=["H", "V", "LEN_KEY", "ROWS_KEY"],
     prune_configs_by={"early_config_prune": _prune},
     cache_results=True,
@@ -318,9 +320,13 @@ def _launch(
         tiles = triton.cdiv(n_rows, meta["BLOCK_L"]) * triton.cdiv(n_vocab, meta["BLOCK_V"])
         return (min(sms, tiles),)
 
-    if config is None and not cpu:
+    if config is None and not cpu and tokens.dtype == torch.float32:
         _splade_max_tuned[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log)
         return out
+    if config is None and not cpu:
+        if hidden % _CONFIG_16.kwargs["BLOCK_K"]:
+            raise ValueError(f"sparton: no config fits hidden size {hidden}: use a multiple of 64 for 16-bit inputs")
+        config = {**_CONFIG_16.kwargs, "num_warps": _CONFIG_16.num_warps, "num_stages": _CONFIG_16.num_stages}
     config = config or INTERPRETER_CONFIG
     config = {"SLAB": min(16, config["BLOCK_L"]), **config}
     _set_block_shapes({"tokens_desc": tokens_desc, "weight_desc": weight_desc, **config})
