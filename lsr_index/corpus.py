@@ -17,6 +17,7 @@ from hashlib import blake2b
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -192,9 +193,7 @@ class CorpusReader:
 
     def _batch(self, ids: list[str], texts: list[str]) -> pa.RecordBatch:
         self.n_docs += len(ids)
-        return pa.RecordBatch.from_arrays(
-            [pa.array(ids, pa.string()), pa.array(texts, pa.string())], schema=SCHEMA
-        )
+        return pa.RecordBatch.from_arrays([string_array(ids), string_array(texts)], schema=SCHEMA)
 
     def _records(self, path: Path) -> Iterator[tuple[int, Any]]:
         """(where, record) pairs of one file: a dict, or a _Bad for a record that could not be parsed."""
@@ -255,6 +254,23 @@ class CorpusReader:
             hint = f"{bad.hint}; {_SKIP_HINT}" if bad.hint else _SKIP_HINT
             raise InputError(path, where, bad.reason, hint)
         self.skipped.append(Skipped(str(path), where, bad.doc_id, bad.reason))
+
+
+def string_array(values: Sequence[str]) -> pa.Array:
+    """Python strings as an Arrow string array, from their UTF-8 bytes. `pa.array` on a list would do the same, but
+    its first call imports pandas (to ask whether the list is a pandas object): 0.3 s inside the first batch of
+    every run, on the path to the first forward pass, wherever pandas is installed (Pyserini installs it)."""
+    joined = "".join(values)
+    if joined.isascii():  # characters are bytes: no string encoded twice
+        data, parts = joined.encode(), values
+    else:
+        parts = [value.encode() for value in values]
+        data = b"".join(parts)
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum(np.fromiter(map(len, parts), np.int64, len(values)), out=offsets[1:])
+    kind, width = (pa.string(), np.int32) if offsets[-1] < 2**31 else (pa.large_string(), np.int64)
+    array = pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(offsets.astype(width)), pa.py_buffer(data)])
+    return array if kind == pa.string() else array.cast(pa.string())
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
