@@ -66,9 +66,8 @@ class TextTokenizer:
         self.tokenizer = tokenizer  # the model's transformers tokenizer
         self._backends: dict[int, object] = {}  # max_length → truncating Rust tokenizer
 
-    def tokenize(self, texts: Sequence[str], max_length: int) -> Tokens:
-        """Through the Rust tokenizer directly: it runs on every core without the GIL and skips the
-        per-text Python objects of the transformers wrapper (~1.7× faster on 2 cores, more on many)."""
+    def backend(self, max_length: int) -> object:
+        """The model's Rust tokenizer, copied (its own settings untouched) to truncate at `max_length`."""
         if max_length not in self._backends:
             from tokenizers import Tokenizer
 
@@ -76,7 +75,12 @@ class TextTokenizer:
             backend.enable_truncation(max_length)
             backend.no_padding()
             self._backends[max_length] = backend
-        backend = self._backends[max_length]
+        return self._backends[max_length]
+
+    def tokenize(self, texts: Sequence[str], max_length: int) -> Tokens:
+        """Through the Rust tokenizer directly: it runs on every core without the GIL and skips the
+        per-text Python objects of the transformers wrapper (~1.7× faster on 2 cores, more on many)."""
+        backend = self.backend(max_length)
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: no offsets (tokenizers ≥ 0.20)
         encodings = encode(list(texts), add_special_tokens=True)
         # Python work under the GIL that the model's driver thread waits for: ~17 µs a 240-token text to build the
