@@ -17,6 +17,7 @@ goes before the first batch and after the last. Run it when end to end falls beh
 import argparse
 import collections
 import contextlib
+import os
 import shlex
 import sys
 import tempfile
@@ -32,6 +33,9 @@ class Sampler:
 
     def __init__(self, every: float = 0.005):
         self.every, self.stacks, self.timeline = every, collections.Counter(), []
+        self.cpu: dict[int, tuple[str, float]] = {}  # OS thread id → (label, CPU seconds while sampled)
+        self.cpu_before: dict[int, float] = {}  # OS thread id → CPU seconds at its first reading
+        self.wall = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -43,10 +47,31 @@ class Sampler:
         self._stop.set()
         self._thread.join()
 
+    def _cpu(self, names: dict[int, str]) -> None:
+        """CPU seconds so far of each of this process's OS threads, labelled with the Python thread's name (or the
+        OS name of a native thread: the tokenizer's pool, torch's). A Python thread runs Python code only while it
+        holds the GIL, so the Python threads' sum against the wall clock says how busy the GIL is."""
+        tick, first = os.sysconf("SC_CLK_TCK"), not self.cpu_before
+        for task in Path("/proc/self/task").iterdir():
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                label = names.get(int(task.name)) or "native " + (task / "comm").read_text().strip()
+            except (OSError, ValueError):
+                continue
+            seconds = (int(fields[11]) + int(fields[12])) / tick
+            # CPU spent before sampling began is left out; a thread started since has spent none before
+            self.cpu_before.setdefault(int(task.name), seconds if first else 0.0)
+            self.cpu[int(task.name)] = (label, seconds - self.cpu_before[int(task.name)])
+
     def _run(self) -> None:
         me, t0 = threading.get_ident(), time.perf_counter()
+        last_cpu = 0.0
         while not self._stop.is_set():
             names = {t.ident: t.name for t in threading.enumerate()}
+            if time.perf_counter() - last_cpu >= 0.2:
+                self._cpu({t.native_id: t.name for t in threading.enumerate()})
+                last_cpu = time.perf_counter()
+            self.wall = time.perf_counter() - t0
             for tid, frame in sys._current_frames().items():
                 if tid == me:
                     continue
@@ -67,6 +92,13 @@ class Sampler:
         for (thread, _), count in self.stacks.items():
             threads[thread] += count
         print(f"samples per thread ({self.every * 1000:.0f} ms each):", dict(threads))
+        cpu: collections.Counter = collections.Counter()
+        for label, seconds in self.cpu.values():
+            cpu[label[:20]] += seconds
+        python = sum(v for k, v in cpu.items() if not k.startswith("native "))
+        print(f"CPU seconds per thread over {self.wall:.1f} s sampled (Python threads together: {python:.1f} s, "
+              f"{python / max(self.wall, 1e-9):.0%} of the wall clock):")
+        print("   " + ", ".join(f"{label} {seconds:.1f}" for label, seconds in cpu.most_common()))
         for (thread, stack), count in self.stacks.most_common(top):
             print(f"{count:7d} {thread:14s} {stack}")
         for shown in threads_shown:
