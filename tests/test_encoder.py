@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -86,3 +88,15 @@ def _stream_vs_items(encoder, seed: int) -> None:
 
 def test_stream_of_items_matches_each_item_alone(splade_tiny, seed):
     _stream_vs_items(SpladeEncoder(splade_tiny, max_tokens=512), seed)
+
+
+def test_cuda_memory_grows_in_segments_unless_the_user_chose(monkeypatch):
+    """The GPU allocator's setting is the user's when given; otherwise segments grow, for the buckets' many shapes."""
+    from lsr_index.encode_shard import _expandable_cuda_memory
+
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    _expandable_cuda_memory()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:128")
+    _expandable_cuda_memory()
+    assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:128"
