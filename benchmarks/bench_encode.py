@@ -256,6 +256,10 @@ def main() -> None:
     if args.tokenizer is None:
         parser.error("--tokenizer is required to measure")
     sections = set(args.sections.split(","))
+    from lsr_index.encode_shard import _expandable_cuda_memory
+
+    # before any CUDA memory is used: every system here then runs with the allocator an lsr-index run sets for itself
+    _expandable_cuda_memory()
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     gpu = torch.cuda.get_device_name(0) if device != "cpu" else platform.processor() or "cpu"
     dtype, dtype_name = (torch.bfloat16, "bfloat16") if device != "cpu" else (torch.float32, "float32")
@@ -268,7 +272,8 @@ def main() -> None:
 
     meta = {"device": gpu, "torch": torch.__version__, "transformers": transformers.__version__,
             "triton": triton.__version__, "python": sys.version.split()[0], "smoke": args.smoke,
-            "max_tokens": max_tokens, "host_cores": os.cpu_count(), "gpus": torch.cuda.device_count()}
+            "max_tokens": max_tokens, "host_cores": os.cpu_count(), "gpus": torch.cuda.device_count(),
+            "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF")}
     name = "".join(c if c.isalnum() else "_" for c in gpu).strip("_") + ("_smoke" if args.smoke else "")
     words = words_from(args.tokenizer)
     rows: list[dict] = []
