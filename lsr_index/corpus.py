@@ -260,9 +260,8 @@ def string_array(values: Sequence[str]) -> pa.Array:
     """Python strings as an Arrow string array, from their UTF-8 bytes. `pa.array` on a list would do the same, but
     its first call imports pandas (to ask whether the list is a pandas object): 0.3 s inside the first batch of
     every run, on the path to the first forward pass, wherever pandas is installed (Pyserini installs it)."""
-    joined = "".join(values)
-    if joined.isascii():  # characters are bytes: no string encoded twice
-        data, parts = joined.encode(), values
+    if all(map(str.isascii, values)):  # characters are bytes: lengths come free, one encode of the whole batch
+        data, parts = "".join(values).encode(), values
     else:
         parts = [value.encode() for value in values]
         data = b"".join(parts)
