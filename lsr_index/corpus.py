@@ -267,9 +267,10 @@ def string_array(values: Sequence[str]) -> pa.Array:
         data = b"".join(parts)
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum(np.fromiter(map(len, parts), np.int64, len(values)), out=offsets[1:])
-    kind, width = (pa.string(), np.int32) if offsets[-1] < 2**31 else (pa.large_string(), np.int64)
-    array = pa.Array.from_buffers(kind, len(values), [None, pa.py_buffer(offsets.astype(width)), pa.py_buffer(data)])
-    return array if kind == pa.string() else array.cast(pa.string())
+    if offsets[-1] >= 2**31:  # not from the reader: its batches end at _MAX_BATCH_CHARS, its lines at _MAX_LINE_BYTES
+        raise ValueError(f"{offsets[-1]} bytes of text in one batch: more than an Arrow string array holds")
+    return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets.astype(np.int32)),
+                                                            pa.py_buffer(data)])
 
 
 def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:

@@ -293,14 +293,14 @@ class ShardEncoder:
                 raise
 
     def _load(self, tokenizer: object) -> None:
-        if self.device.startswith("cuda"):
-            _expandable_cuda_memory()
-        import torch
+        try:  # whatever fails here is raised where the encoder is first used: nothing waits forever for it
+            if self.device.startswith("cuda"):
+                _expandable_cuda_memory()
+            import torch
 
-        from .encoder import SpladeEncoder
-        from .models import load_model
+            from .encoder import SpladeEncoder
+            from .models import load_model
 
-        try:
             if self.device.startswith("cuda"):
                 torch.cuda.set_device(self.device)
             model = load_model(self.job.model, device=self.device, dtype=getattr(torch, self.job.dtype),
@@ -308,7 +308,7 @@ class ShardEncoder:
             self.loaded_at = time.time()
             self._encoder.set_result(SpladeEncoder(model, max_tokens=self.job.options.max_tokens,
                                                    backend=self.job.options.backend, tokenizer=self.tokenizer))
-        except BaseException as exc:  # raised where the encoder is first used
+        except BaseException as exc:
             self._encoder.set_exception(exc)
 
     @property
