@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 
 import pytest
-from test_faults import ENV, LSR, _alive, _proc_stat, _wait_dead, leftovers, synthetic_vectors
+from procs import alive, children, wait_dead
+from test_faults import ENV, LSR, leftovers, synthetic_vectors
 
 pytestmark = [pytest.mark.lucene, pytest.mark.slow]
 
@@ -27,13 +28,7 @@ def vectors(tmp_path_factory) -> Path:
 
 def _writers(pid: int) -> list[int]:
     """The build's writer processes (python -m lsr_index.impact_writer)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        fields = _proc_stat(int(stat.parent.name))
-        with contextlib.suppress(OSError):
-            if fields and int(fields[1]) == pid and b"impact_writer" in (stat.parent / "cmdline").read_bytes():
-                found.append(int(stat.parent.name))
-    return found
+    return children(pid, b"impact_writer")
 
 
 def _start(vectors: Path, index: Path) -> tuple[subprocess.Popen, list[int]]:
@@ -47,7 +42,7 @@ def _start(vectors: Path, index: Path) -> tuple[subprocess.Popen, list[int]]:
         writers = _writers(proc.pid)
         if len(writers) == 2 and (work / "index").is_dir() and (work / "part-1").is_dir():
             time.sleep(0.5)
-            assert proc.poll() is None and all(map(_alive, writers)), "the build ended before the fault"
+            assert proc.poll() is None and all(map(alive, writers)), "the build ended before the fault"
             return proc, writers
         time.sleep(0.05)
     proc.kill()
@@ -60,7 +55,7 @@ def test_sigkill_of_the_build_kills_its_writers_and_a_rerun_succeeds(vectors, tm
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     try:
-        assert all(_wait_dead(w, 5) for w in writers), "a writer outlived its SIGKILLed build"
+        assert all(wait_dead(w, 5) for w in writers), "a writer outlived its SIGKILLed build"
     finally:
         for w in writers:
             with contextlib.suppress(ProcessLookupError):
@@ -83,7 +78,7 @@ def test_ctrl_c_stops_the_writers_and_leaves_nothing(vectors, tmp_path):
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 130 and "Traceback" not in stderr
     assert stderr.strip().splitlines() == ["interrupted: rerun the same command to continue where it stopped"]
-    assert not any(map(_alive, writers)) and not index.exists() and leftovers(tmp_path) == []
+    assert not any(map(alive, writers)) and not index.exists() and leftovers(tmp_path) == []
 
 
 @pytest.fixture

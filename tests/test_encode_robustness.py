@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
+from procs import alive
 
 from lsr_index import encode_corpus as encode_module
 from lsr_index.corpus import CorpusReader
@@ -383,9 +384,9 @@ def test_serializers_end_with_a_killed_parent_and_free_the_vocabulary(tmp_path):
         parent.kill()
         parent.wait()
     deadline = time.time() + 30
-    while time.time() < deadline and (block.exists() or any(Path(f"/proc/{pid}").exists() for pid in children)):
+    while time.time() < deadline and (block.exists() or any(alive(int(pid)) for pid in children)):
         time.sleep(0.1)
-    assert not [pid for pid in children if Path(f"/proc/{pid}").exists()], "serializers outlived their parent"
+    assert not [pid for pid in children if alive(int(pid))], "serializers outlived their parent"
     assert not block.exists(), "the vocabulary block outlived the pool"
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from cli_runner import run_cli
+from procs import alive, children, wait_dead
 
 from lsr_index import writers
 from lsr_index.durable import atomic_write_bytes, exclusive_lock
@@ -107,24 +108,11 @@ def full_disk_open(free: int):
     return fake_open
 
 
-def _proc_stat(pid: int) -> list[str]:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return []
-
-
-def _alive(pid: int) -> bool:
-    stat = _proc_stat(pid)
-    return bool(stat) and stat[0] not in ("Z", "X")  # a zombie has died; only its exit status is left
-
-
 def _java_child(pid: int) -> int | None:
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        fields = _proc_stat(int(stat.parent.name))
+    for child in children(pid):
         with contextlib.suppress(OSError):
-            if fields and int(fields[1]) == pid and (stat.parent / "comm").read_text().strip() == "java":
-                return int(stat.parent.name)
+            if Path(f"/proc/{child}/comm").read_text().strip() == "java":
+                return child
     return None
 
 
@@ -139,20 +127,11 @@ def _start_build(vectors: Path, index: Path) -> tuple[subprocess.Popen, int, Pat
         java = _java_child(proc.pid)
         if java and (work / "index").is_dir():
             time.sleep(0.3)
-            assert proc.poll() is None and _alive(java), "the build ended before it could be interrupted"
+            assert proc.poll() is None and alive(java), "the build ended before it could be interrupted"
             return proc, java, work
         time.sleep(0.05)
     proc.kill()
     raise AssertionError(f"the build did not start indexing: {proc.communicate()}")
-
-
-def _wait_dead(pid: int, seconds: float = 10) -> bool:
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if not _alive(pid):
-            return True
-        time.sleep(0.05)
-    return False
 
 
 # --- 1. build killed mid-way -------------------------------------------------------------------------
@@ -177,10 +156,10 @@ def test_build_killed_midway_publishes_nothing_and_a_rerun_succeeds(splade_tiny,
         assert (vectors / MANIFEST).read_bytes() == before
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
-        assert _wait_dead(java, 2), "the java indexer outlived its SIGKILLed parent"
+        assert wait_dead(java, 2), "the java indexer outlived its SIGKILLed parent"
         assert "documents indexed" not in (work / "build.log").read_text()  # killed, not finished
     finally:
-        if _alive(java):
+        if alive(java):
             os.kill(java, signal.SIGKILL)
     assert not index.exists() and work.exists()  # only the hidden work directory is left, never published
     assert sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".")) == ["vectors"]
@@ -209,7 +188,7 @@ def test_build_killed_midway_publishes_nothing_and_a_rerun_succeeds(splade_tiny,
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
     assert running[0] is not None, "the interrupt came when java was not running"
-    assert not _alive(running[0]) and not index.exists() and leftovers(tmp_path) == []
+    assert not alive(running[0]) and not index.exists() and leftovers(tmp_path) == []
 
     done = subprocess.run([*LSR, "build", "--vectors", str(vectors), "--index", str(index), "--heap", "1g",
                            "--builder", "anserini"], capture_output=True, text=True, env=ENV, timeout=300)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
+from procs import children
 
 from lsr_index.writers import read_shard
 
@@ -91,16 +92,7 @@ def _same_output(out: Path, reference: Path) -> dict:
 
 def _encoders(node) -> list[int]:
     """Pids of the encoder actors of a Cluster node: its raylet's children named after the actor class."""
-    raylet = node.all_processes["raylet"][0].process.pid
-    pids = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == raylet \
-                    and b"EncoderActor" in (entry / "cmdline").read_bytes():
-                pids.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return pids
+    return children(node.all_processes["raylet"][0].process.pid, b"EncoderActor")
 
 
 def _wait_encoding(nodes, proc: subprocess.Popen, timeout: float = 240):

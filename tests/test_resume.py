@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from cli_runner import run_cli
+from procs import children, wait_dead
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
 LSR = [sys.executable, "-m", "lsr_index", "--quiet"]
@@ -35,18 +36,6 @@ def _kill_after_first_shard(cmd: list[str], out: Path) -> subprocess.Popen:
     return proc
 
 
-def _children(pid: int) -> list[int]:
-    """Pids of the processes whose parent is `pid`."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            if entry.name.isdigit() and int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return found
-
-
 def test_resume_with_another_shard_size_is_refused(tmp_path):
     out = tmp_path / "v"
     cmd = [*LSR, "encode", str(SAMPLE), "-o", str(out), "--shard-docs", "20", "--doc-max-length", "32",
@@ -66,15 +55,13 @@ def test_workers_die_with_a_killed_parent(tmp_path):
     cmd = [*LSR, "encode", str(SAMPLE), "-o", str(out), "--device", "cpu,cpu", "--shard-docs", "20",
            "--doc-max-length", "32", "--format", "jsonl"]
     proc = _kill_after_first_shard(cmd, out)
-    workers = _children(proc.pid)
+    workers = children(proc.pid)
     assert workers, "the run had no worker processes"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     at_kill = len(list((out / "shards").glob("part-*")))
-    deadline = time.time() + 10  # without the parent watch, the orphans write the ~15 remaining shards meanwhile
-    while time.time() < deadline and any(Path(f"/proc/{pid}").exists() for pid in workers):
-        time.sleep(0.05)
-    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()], "workers outlived their parent"
+    # without the parent watch, the orphans would write the ~15 remaining shards in this time
+    assert all(wait_dead(pid) for pid in workers), "workers outlived their parent"
     later = len(list((out / "shards").glob("part-*")))
     assert at_kill < 20 and later <= at_kill + 2, (at_kill, later)  # at most the shards already being renamed
     done = lsr("encode", str(SAMPLE), "-o", str(out), "--shard-docs", "20", "--doc-max-length", "32",
