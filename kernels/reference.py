@@ -1,8 +1,8 @@
 """Plain-PyTorch SPLADE pooling: the CPU fallback, the sum-pooling path and the test oracle (in float64).
 
 It never builds the full [B, L, V] logits: the vocabulary is walked in chunks, each reduced before the next.
-Max pooling of float32/bf16/fp16 inputs on a CPU with bf16 dot-product instructions goes through
-`cpu_head`'s bf16 screen instead (the same result at about half the time).
+Max pooling of float32/bf16/fp16 inputs on a CPU with int8 dot-product instructions goes through
+`cpu_head`'s int8 screen instead (the same result, its head at about a third of the time).
 """
 
 from __future__ import annotations

@@ -242,7 +242,7 @@ def test_interpreter_suite_in_subprocess():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_reference_blocked_over_tokens_and_vocab(monkeypatch, dtype, pooling, seed):
     """Blocks far smaller than T and V, so both block loops and their edges are exercised (a document spans
-    several token blocks). The plain path, not cpu_head's bf16 screen (tests/test_sparton_cpu_head.py)."""
+    several token blocks). The plain path, not cpu_head's int8 screen (tests/test_sparton_cpu_head.py)."""
     monkeypatch.setattr(reference.cpu_head, "available", lambda: False)
     monkeypatch.setattr(reference, "_BLOCK_TOKENS", 5)
     monkeypatch.setattr(reference, "_BLOCK_VOCAB", 97)

@@ -1,10 +1,12 @@
-"""The bf16 screen of the CPU head (sparton.cpu_head): float32's result, never a term lost to bf16 rounding.
+"""The int8 screen of the CPU head (sparton.cpu_head): float32's result, never a term lost to int8 rounding.
 
 Compared with a float64 oracle on fresh random inputs of odd sizes, with blocks far smaller than the inputs, and on
-inputs built so that bf16 rounding pushes a positive logit below zero.
+inputs built so that int8 rounding pushes a positive logit below zero.
 """
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ import sparton
 from sparton import cpu_head, reference
 
 pytestmark = pytest.mark.skipif(not cpu_head.available(),
-                                reason="this CPU has no bf16 dot-product instructions: the float32 path runs")
+                                reason="this CPU has no int8 dot-product instructions: the float32 path runs")
 
 
 def _oracle(tokens, weight, bias, lengths, activation="log1p_relu"):
@@ -50,19 +52,67 @@ def test_screen_equals_the_float64_oracle(monkeypatch, seed, dtype, activation):
     assert (got[[1, 5]] == 0).all()
 
 
-def test_a_term_bf16_puts_below_zero_and_float32_above_is_kept():
-    """Components 1 + 2^-9 - 2^-20 round down to 1 in bf16: over 128 of them the bf16 logit falls 0.5 short.
-    The bias puts the float32 logit at +0.15 and the bf16 one at -0.35: a plain bf16 screen would drop the term."""
-    hidden = 128
-    x = 1 + 2.0**-9 - 2.0**-20
-    tokens = torch.full((3, hidden), x)
-    weight = torch.full((4, hidden), x)
-    weight[1:] *= -1  # three terms far below zero
-    exact = hidden * x * x
-    bias = torch.tensor([-(exact - 0.15), 0.0, 0.0, 0.0])
-    assert float(tokens.bfloat16()[0].float() @ weight.bfloat16()[0].float()) + float(bias[0]) < -0.3
-    got = sparton.splade_max_packed(tokens, weight, bias, torch.tensor([0, 3], dtype=torch.int32), backend="torch")
-    torch.testing.assert_close(got[0], torch.log1p(torch.tensor([0.15, 0, 0, 0])), rtol=0, atol=2e-4)
+def _components_round_to_zero():
+    """One component sets the scale (127 → step 1); the other 127, at 0.49, all round to 0: the int8 logit of a term
+    that reads only them is 0, the float32 one 62.23. The bias puts the float32 logit at +0.23 and the int8 one at
+    -62: a plain int8 screen would drop the term."""
+    tokens = torch.full((2, 128), 0.49)
+    tokens[:, 0] = 127.0
+    weight = torch.zeros(64, 128)
+    weight[0, 1:] = 1.0
+    weight[1:, 0] = -1.0  # 63 terms far below zero
+    return tokens, weight, torch.tensor([-62.0] + [-10.0] * 63), 0.49 * 127 - 62
+
+
+def _weight_components_round_to_zero():
+    """The same on the weight's side: a term row whose components but one round to 0 (float32 +0.23, int8 -62)."""
+    tokens = torch.zeros(2, 128)
+    tokens[:, 1:] = 1.0
+    weight = torch.zeros(64, 128)
+    weight[0, 0], weight[0, 1:] = 127.0, 0.49
+    weight[1:, 1:] = -1.0
+    return tokens, weight, torch.tensor([-62.0] + [-10.0] * 63), 0.49 * 127 - 62
+
+
+def _small_token_beside_a_large_one():
+    """A document's tokens share one scale: beside a token of 1,000 (step 7.9) every component of a token of 0.3 rounds
+    to 0, yet only that token makes the term positive (float32 +0.1, int8 -38)."""
+    tokens = torch.zeros(3, 128)
+    tokens[0, 0] = 1000.0
+    tokens[1:, 1:] = 0.3
+    weight = torch.zeros(64, 128)
+    weight[0, 1:] = 1.0
+    weight[1:, 0] = -1.0
+    return tokens, weight, torch.tensor([-38.0] + [-10.0] * 63), 0.3 * 127 - 38
+
+
+@pytest.mark.parametrize("make", [_components_round_to_zero, _weight_components_round_to_zero,
+                                  _small_token_beside_a_large_one],
+                         ids=["token-round-to-zero", "weight-round-to-zero", "small-beside-large"])
+def test_a_term_int8_puts_below_zero_and_float32_above_is_kept(make):
+    tokens, weight, bias, logit = make()
+    assert logit > 0
+    got = cpu_head.screened_max_pool(tokens, torch.zeros(tokens.shape[0], dtype=torch.long), 1, weight, bias,
+                                     "log1p_relu")
+    assert got is not None  # the screen itself answered, not the dense fallback
+    want = torch.zeros(64)
+    want[0] = math.log1p(logit)
+    torch.testing.assert_close(got[0], want, rtol=0, atol=2e-4)
+
+
+def test_the_weight_is_quantized_again_after_it_changes(seed):
+    """The int8 rows are kept per weight tensor: an in-place change must not leave them stale (here, term 0 turns from
+    far below zero to positive)."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.rand(6, 32, generator=g) + 0.5
+    weight = -torch.rand(64, 32, generator=g) - 0.5
+    doc_ids = torch.zeros(6, dtype=torch.long)
+    bias = torch.zeros(64)
+    assert (cpu_head.screened_max_pool(tokens, doc_ids, 1, weight, bias, "log1p_relu") == 0).all()
+    weight[0].neg_()
+    got = cpu_head.screened_max_pool(tokens, doc_ids, 1, weight, bias, "log1p_relu")
+    assert got is not None and got[0, 0] > 0, f"seed {seed}"
+    torch.testing.assert_close(got.double(), _oracle(tokens, weight, bias, [6]), rtol=2e-5, atol=2e-5)
 
 
 def test_the_cpu_head_runs_the_screen(monkeypatch, seed):
@@ -78,31 +128,39 @@ def test_the_cpu_head_runs_the_screen(monkeypatch, seed):
 
 
 def test_nan_and_masked_terms_come_out_as_in_the_float32_path(monkeypatch, seed):
-    tokens, weight, bias, cu = _packed(seed, [4, 6, 3], 16, 90, torch.float32)
+    lengths = [4, 6, 3] + [5] * 13
+    tokens, weight, bias, cu = _packed(seed, lengths, 16, 90, torch.float32)
+    bias -= 3  # few terms kept: the NaN document's 90 pairs alone stay under the screen's dense limit
     tokens[5, 3] = float("nan")  # document 1
     bias[[7, 40]] = float("-inf")  # rows no token maps to
-    screened = sparton.splade_max_packed(tokens, weight, bias, cu, backend="torch")
+    doc_ids = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+    screened = cpu_head.screened_max_pool(tokens, doc_ids, len(lengths), weight, bias, "log1p_relu")
+    assert screened is not None, f"seed {seed}: the dense fallback answered"
     monkeypatch.setattr(cpu_head, "available", lambda: False)
     plain = sparton.splade_max_packed(tokens, weight, bias, cu, backend="torch")
     assert torch.equal(screened.isnan(), plain.isnan()) and screened[1].isnan().all()
-    torch.testing.assert_close(screened[[0, 2]], plain[[0, 2]], rtol=1e-5, atol=1e-5)
-    assert (screened[:, [7, 40]][[0, 2]] == 0).all()
+    others = [d for d in range(len(lengths)) if d != 1]
+    torch.testing.assert_close(screened[others], plain[others], rtol=1e-5, atol=1e-5)
+    assert (screened[:, [7, 40]][others] == 0).all()
 
 
 def _norm_underflow():
-    """Token components ~1e-23: their float32 squares flush to 0, and a float32 norm would drop the bound's error term
-    while each component rounds down to bf16 by almost a whole step."""
-    hidden, bump = 1024, 1 + 0.99 * 2.0**-8
-    tokens = torch.full((4, hidden), 2.0**-76 * bump)
-    weight = torch.full((64, hidden), 2.0**56 * bump)
-    screened = hidden * 2.0**-76 * 2.0**56  # what the bf16 logits see
+    """Token components ~1e-23 that round to 0 beside the one that sets the scale: their float32 squares flush to 0,
+    so a float32 norm would drop the bound's error term, and the term that only they make positive with it."""
+    hidden = 1024
+    tokens = torch.full((4, hidden), 0.49 * 2.0**-76)
+    tokens[:, 0] = 127 * 2.0**-76
+    weight = torch.zeros(64, hidden)
+    weight[:, 1:] = 2.0**56
+    weight[1:, 0] = -(2.0**80)  # 63 terms far below zero
+    logit = (hidden - 1) * 0.49 * 2.0**-20  # term 0, in float32; its int8 logit is 0
     bias = torch.full((64,), -1e6)
-    bias[0] = -screened * (1 + 2.0**-8 / (1 - 2.0**-8)) * (1 + 2.0**-20)  # just past the bf16 logit's own lift
+    bias[0] = -0.9 * logit
     return tokens, weight, bias
 
 
 def _subnormal_inputs():
-    """A subnormal token component: the dot-product instructions read it as 0."""
+    """A subnormal token component: its scale is subnormal too."""
     tokens = torch.zeros(2, 64)
     tokens[:, 0] = 1e-38
     weight = torch.zeros(64, 64)
