@@ -31,8 +31,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # out to the test processes in this order, before the many short files (pytest-xdist would order files by test
 # count, which put the one-test SciFact file last, alone at the end of the run). addopts carries
 # --no-loadscope-reorder for this.
-LONGEST_FIRST = ("test_ray.py", "test_scifact.py", "test_pipeline.py", "test_encode_robustness.py",  # 167 116 78 60
-                 "test_build.py", "test_faults.py", "test_resume.py", "test_search_signals.py")  # 44 34 27 17
+LONGEST_FIRST = ("test_ray.py", "test_scifact.py", "test_pipeline.py", "test_encode_robustness.py",  # 149 89 63 55
+                 "test_build.py", "test_faults.py", "test_resume.py", "test_search_signals.py")  # 47 32 21 20
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

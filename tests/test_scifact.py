@@ -1,7 +1,7 @@
 """The reference reproduction: full BEIR SciFact through encode → Lucene → search matches the exact scores.
 
 ../shared/data/scifact/README.md gives splade-tiny's quality with integer weights round(w × 100) and an exact
-dot product over all documents: nDCG@10 0.6436. A correct pipeline lands within 0.005 of it (~105 s of the full
+dot product over all documents: nDCG@10 0.6436. A correct pipeline lands within 0.005 of it (~90 s of the full
 test run here).
 """
 
