@@ -366,7 +366,6 @@ class ShardEncoder:
             added up: ~12 µs a document to read and ~20 to tokenize on 16 cores (benchmarks/NOTES_encode.md)."""
             ahead = Prefetch(read(), name="read")
             try:
-                self.tokenizer.backend(options.doc_max_length)  # made while the first piece is read (0.3 s for XLM-R)
                 for piece, ids, texts, stats in ahead:
                     tokens = None
                     if texts is not None:

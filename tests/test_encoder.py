@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from lsr_index.encoder import SpladeEncoder, length_buckets
+from lsr_index.encoder import SpladeEncoder, _restore, length_buckets
 
 TEXTS = ["Alpha-synuclein aggregates in neurons of patients with Parkinson's disease.",
          "x",
@@ -50,6 +50,22 @@ def test_fast_tokenization_equals_the_transformers_tokenizer(splade_tiny):
         assert [tokens.ids[a:b].tolist() for a, b in zip(tokens.offsets[:-1], tokens.offsets[1:])] == expected
         order = np.array([3, 0, 2])
         assert tokens.gather(order).tolist() == [t for i in order for t in expected[i]]
+
+
+def test_tokenizing_leaves_the_shared_tokenizer_as_it_was(splade_tiny):
+    """The encoder tokenizes through the transformers tokenizer's own Rust tokenizer, setting its truncation and
+    padding for the call: they are put back, so the tokenizer's other users (transformers' own calls) see no change."""
+    backend = splade_tiny.tokenizer.backend_tokenizer
+    shared = backend.truncation, backend.padding  # the session's model: left as found
+    backend.enable_truncation(40, stride=3)
+    backend.enable_padding(pad_id=0, pad_token="[PAD]", length=50)
+    try:
+        before = backend.truncation, backend.padding, [e.ids for e in backend.encode_batch(TEXTS)]
+        tokens = SpladeEncoder(splade_tiny).tokenize(TEXTS, 16)
+        assert tokens.lengths.max() == 16 and tokens.full_lengths.max() > 40  # its own settings, not the backend's
+        assert (backend.truncation, backend.padding, [e.ids for e in backend.encode_batch(TEXTS)]) == before
+    finally:
+        _restore(backend, *shared)
 
 
 def test_length_buckets_cover_each_position_once_within_budget(seed):
