@@ -78,15 +78,18 @@ _terms: dict[int, tuple[weakref.ref, int, _Terms]] = {}  # id(weight) → (the w
 
 
 def _quantized_terms(weight: Tensor) -> _Terms:
+    """Kept per weight tensor while its version (bumped by every in-place change) stays; an inference tensor has no
+    version, so it is quantized at each call."""
     kept = _terms.get(id(weight))
-    if kept is not None and kept[0]() is weight and kept[1] == weight._version:  # _version: bumped by in-place changes
+    if kept is not None and kept[0]() is weight and kept[1] == weight._version:
         return kept[2]
     rows = weight.float()
     scale = _row_scales(rows.abs().amax(1))
     q, _, error = _quantized(rows, scale)
     terms = _Terms(q, scale, torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64), error)
-    key = id(weight)
-    _terms[key] = weakref.ref(weight, lambda _: _terms.pop(key, None)), weight._version, terms
+    if not weight.is_inference():
+        key = id(weight)
+        _terms[key] = weakref.ref(weight, lambda _: _terms.pop(key, None)), weight._version, terms
     return terms
 
 

@@ -115,6 +115,16 @@ def test_the_weight_is_quantized_again_after_it_changes(seed):
     torch.testing.assert_close(got.double(), _oracle(tokens, weight, bias, [6]), rtol=2e-5, atol=2e-5)
 
 
+def test_a_weight_made_under_inference_mode_is_screened(seed):
+    """Inference tensors keep no version counter: such a weight is quantized at each call, not kept."""
+    with torch.inference_mode():
+        tokens, weight, bias, _ = _packed(seed, [5, 7], 16, 60, torch.float32)
+    doc_ids = torch.repeat_interleave(torch.arange(2), torch.tensor([5, 7]))
+    got = cpu_head.screened_max_pool(tokens, doc_ids, 2, weight, bias - 2, "log1p_relu")
+    assert got is not None, f"seed {seed}: the dense fallback answered"
+    torch.testing.assert_close(got.double(), _oracle(tokens, weight, bias - 2, [5, 7]), rtol=2e-5, atol=2e-5)
+
+
 def test_the_cpu_head_runs_the_screen(monkeypatch, seed):
     calls = []
     screen = cpu_head.screened_max_pool
