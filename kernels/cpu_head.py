@@ -13,13 +13,18 @@ plain float32 path instead.
 The bound. Each document d's tokens share one scale s_d (their largest |component| / 127) and each term row v has
 its own s_v: h_t = s_d·q_t + e_t and w_v = s_v·p_v + f_v with q, p int8 and e, f the exact residuals. Then
 h_t·w_v = s_d·s_v·(q_t·p_v) + s_d·q_t·f_v + e_t·w_v, and by Cauchy-Schwarz the pooled logit is at most
-s_d·s_v·max_t(q_t·p_v) + max_t‖s_d·q_t‖·‖f_v‖ + max_t‖e_t‖·‖w_v‖ + b_v. The integer dot products are exact (int32:
-H·127² < 2^31 for H < 133,000); as the scale is shared within a document, their max is taken before scaling (in
-float32: exact up to H = 1,040, its rounding covered beyond). The rest is computed in float64 from the float32 values
-(the products s·q are exact there); its rounding (relative ~H·2^-53) is covered by widening the norms' terms by
-2^-14 and the rest by 2^-50 of its size. Measured on SciFact (120 documents): 475 pairs kept a document against 364
-for a bf16 screen with its rounding bound and 253 truly positive; the recomputation is ~2 % of the screen's
-arithmetic either way.
+s_d·s_v·max_t(q_t·p_v) + max_t‖s_d·q_t‖·‖f_v‖ + max_t‖e_t‖·‖w_v‖ + b_v. To it is added γ_H·max_t‖h_t‖·‖w_v‖
+(γ_H = H·2^-24 / (1 - H·2^-24)): the float32 path's dot products, in any order, are off by at most that, so a pair
+its rounding makes positive is kept too. Where ‖h‖·‖w‖ or a bias nears float32's range (its sums may overflow
+there) the screen steps aside. A recomputed logit within rounding of zero may still land on the other side of it
+than the float32 path's did, as any change of summation order may.
+
+The integer dot products are exact (int32: H·127² < 2^31 for H < 133,000); as the scale is shared within a
+document, their max is taken before scaling (in float32: exact up to H = 1,040, its rounding covered beyond). The
+rest is computed in float64 from the float32 values (the products s·q are exact there); its rounding (relative
+~H·2^-53) is covered by widening the norms' terms by 2^-14 and the rest by 2^-50 of its size. Measured on SciFact
+(120 documents): 475 pairs kept a document against 364 for a bf16 screen with its rounding bound and 253 truly
+positive; the recomputation is ~2 % of the screen's arithmetic either way.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ _WIDE = 1 + 2.0**-14  # covers the float64 norms' rounding
 _LIFT = 2.0**-50  # covers the float64 products' rounding, relative to their size
 _LIFT_TOP = 2.0**-22  # covers the int32 sums' conversion to float32 (exact below 2^24, i.e. H ≤ 1,040) and the above
 _MAX_HIDDEN = (2**31 - 1) // 127**2  # int32 accumulation stays exact below this
+_FLOAT32_SAFE = 2.0**126  # past this, the float32 path's logits may overflow: it answers instead
 
 # One step's int32 logits block, [tokens, vocabulary]: 2,048 × 512 (4 MiB) stays in cache between the matmul and the
 # max that reads it (the float32 path's block, kernels/reference.py)
@@ -64,6 +70,11 @@ def _row_scales(largest: Tensor) -> Tensor:
     return torch.where(scale > 0, scale, torch.ones_like(scale))
 
 
+def _largest(values: Tensor) -> float:
+    """The largest value, 0 for none (NaN propagates: every comparison with it is false)."""
+    return float(values.max()) if values.numel() else 0.0
+
+
 class _Terms(NamedTuple):
     """The weight's int8 rows and what the bound needs of them: made once per weight (~45 ms for 30,522 × 128, which
     every call of a small batch would pay again)."""
@@ -74,22 +85,25 @@ class _Terms(NamedTuple):
     error: Tensor  # float64 [V]: ‖w_v − scale_v·q_v‖
 
 
-_terms: dict[int, tuple[weakref.ref, int, _Terms]] = {}  # id(weight) → (the weight, its version, _Terms)
+_terms: dict[int, tuple[weakref.ref, tuple, _Terms]] = {}  # id(weight) → (the weight, its state, _Terms)
 
 
 def _quantized_terms(weight: Tensor) -> _Terms:
-    """Kept per weight tensor while its version (bumped by every in-place change) stays; an inference tensor has no
-    version, so it is quantized at each call."""
+    """Kept per weight tensor while its state stays: storage, layout and version (bumped by every in-place change
+    PyTorch counts on this tensor; writes through `.data`, a NumPy view or another tensor set to its storage are not
+    counted, as autograd's checks miss them too). An inference tensor has no version: quantized at each call."""
+    inference = weight.is_inference()
+    state = (weight.data_ptr(), weight.shape, weight.stride(), weight.dtype, None if inference else weight._version)
     kept = _terms.get(id(weight))
-    if kept is not None and kept[0]() is weight and kept[1] == weight._version:
+    if kept is not None and kept[0]() is weight and kept[1] == state and not inference:
         return kept[2]
     rows = weight.float()
     scale = _row_scales(rows.abs().amax(1))
     q, _, error = _quantized(rows, scale)
     terms = _Terms(q, scale, torch.linalg.vector_norm(rows, dim=1, dtype=torch.float64), error)
-    if not weight.is_inference():
+    if not inference:
         key = id(weight)
-        _terms[key] = weakref.ref(weight, lambda _: _terms.pop(key, None)), weight._version, terms
+        _terms[key] = weakref.ref(weight, lambda _: _terms.pop(key, None)), state, terms
     return terms
 
 
@@ -117,6 +131,15 @@ def screened_max_pool(tokens: Tensor, doc_ids: Tensor, n_docs: int, weight: Tens
     doc_error = torch.zeros(n_docs, dtype=torch.float64).scatter_reduce_(0, doc_ids, error_norm, "amax")[:, None]
     bias_up = bias.double() + _LIFT * bias.double().abs()
     doc_scale = doc_scale.double()[:, None]
+    # the float32 path's own rounding: its dot products (in any order) are off by at most γ_H·Σ|h_i·w_i| ≤
+    # γ_H·‖h‖·‖w‖, so a pair it makes positive while the exact logit is not must be kept too; and where ‖h‖·‖w‖ or
+    # a bias nears float32's range its sums overflow to inf or NaN, which this bound does not model: the float32
+    # path answers
+    doc_norm = doc_approx + doc_error  # ≥ max_t ‖h_t‖ (triangle inequality)
+    if _largest(doc_norm) * _largest(terms.norm) >= _FLOAT32_SAFE or \
+            _largest(bias[torch.isfinite(bias)].abs()) >= _FLOAT32_SAFE:
+        return None
+    gamma = hidden * 2.0**-24 / (1 - hidden * 2.0**-24)
     keep = torch.empty(n_docs, n_vocab, dtype=torch.bool)
     pooled = torch.empty(n_docs, min(n_vocab, _BLOCK_VOCAB))
     block = torch.empty(min(n_tokens, _BLOCK_TOKENS), pooled.shape[1])
@@ -132,7 +155,8 @@ def screened_max_pool(tokens: Tensor, doc_ids: Tensor, n_docs: int, weight: Tens
             ids = doc_ids[t0 : t0 + _BLOCK_TOKENS]
             acc.scatter_reduce_(0, ids[:, None].expand_as(logits), logits, "amax")
         top = acc.double() * doc_scale * terms.scale[v0 : v0 + chunk].double()
-        spread = (doc_error * terms.norm[v0 : v0 + chunk] + doc_approx * terms.error[v0 : v0 + chunk]) * _WIDE
+        spread = (doc_error * terms.norm[v0 : v0 + chunk] + doc_approx * terms.error[v0 : v0 + chunk]
+                  + gamma * doc_norm * terms.norm[v0 : v0 + chunk]) * _WIDE
         upper = top + _LIFT_TOP * top.abs() + spread + bias_up[v0 : v0 + chunk]
         # not (upper ≤ 0) rather than upper > 0: a NaN (from a NaN token or weight) is kept, and recomputed as the
         # float32 path would

@@ -125,6 +125,44 @@ def test_a_weight_made_under_inference_mode_is_screened(seed):
     torch.testing.assert_close(got.double(), _oracle(tokens, weight, bias - 2, [5, 7]), rtol=2e-5, atol=2e-5)
 
 
+def test_a_term_only_float32_rounding_makes_positive_is_kept():
+    """The exact logit is -0.0021, float32's +0.0005: the inputs quantize to int8 exactly (no residual), so only the
+    float32 path's own rounding, in the bound, keeps the term it keeps."""
+    tokens = torch.tensor([[192.8564453125, -174.6337890625]])
+    weight = torch.zeros(16, 2)
+    weight[0] = torch.tensor([-234.83837890625, -223.74365234375])
+    bias = torch.full((16,), -1.0)
+    bias[0] = 6216.89111328125
+    got = cpu_head.screened_max_pool(tokens, torch.zeros(1, dtype=torch.long), 1, weight, bias, "log1p_relu")
+    assert got is not None and got[0, 0] > 0
+    plain = reference.activate(tokens @ weight.T + bias, "log1p_relu")
+    torch.testing.assert_close(got, plain, rtol=0, atol=1e-6)
+
+
+def test_logits_past_float32s_range_go_to_the_float32_path():
+    """Products of 2^67 overflow float32's sums (inf - inf: NaN there): the bound does not model that, so the screen
+    steps aside."""
+    tokens = torch.tensor([[127.0, -127.0]]) * 2.0**60
+    weight = torch.zeros(16, 2)
+    weight[0] = torch.tensor([127.0, 127.0]) * 2.0**60
+    bias = torch.full((16,), -1.0)
+    assert cpu_head.screened_max_pool(tokens, torch.zeros(1, dtype=torch.long), 1, weight, bias, "log1p_relu") is None
+
+
+def test_a_weight_given_new_data_is_quantized_again(seed):
+    """`.data = other` (as loaders and weight tying do) keeps the object and its version: the storage tells."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.rand(6, 32, generator=g) + 0.5
+    weight = -torch.rand(64, 32, generator=g) - 0.5
+    doc_ids = torch.zeros(6, dtype=torch.long)
+    assert (cpu_head.screened_max_pool(tokens, doc_ids, 1, weight, torch.zeros(64), "log1p_relu") == 0).all()
+    flipped = weight.clone()
+    flipped[0].neg_()
+    weight.data = flipped
+    got = cpu_head.screened_max_pool(tokens, doc_ids, 1, weight, torch.zeros(64), "log1p_relu")
+    assert got is not None and got[0, 0] > 0, f"seed {seed}"
+
+
 def test_the_cpu_head_runs_the_screen(monkeypatch, seed):
     calls = []
     screen = cpu_head.screened_max_pool
