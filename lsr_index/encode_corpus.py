@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import resource
 import shutil
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -37,10 +38,15 @@ _MOD = 1 << 128
 
 
 class Plan:
-    """The manifest of one output directory, held under its lock for a whole run."""
+    """The manifest of one output directory, held under its lock for a whole run.
+
+    `record` may come from a writer thread while the driver's progress calls `flush_if_due`: one lock keeps a save,
+    its clean flag and its deletions about one state (else a save could delete chunk files the manifest it just
+    wrote still lists, and a kill there would leave a manifest naming missing files)."""
 
     def __init__(self, out: Path, job: EncodeJob, manifest: Manifest):
         self.out, self.job, self.manifest = out, job, manifest
+        self.lock = threading.RLock()
         self.saved_at = 0.0
         self.dirty = False
         self.obsolete: list[str] = []  # files to delete once a save no longer lists them
@@ -66,28 +72,31 @@ class Plan:
 
     def record(self, part: Part) -> None:
         """A checkpoint or a finished shard, durable on disk: listed now, saved within SAVE_EVERY."""
-        if isinstance(part, Shard):
-            shard = part.start // self.manifest.shard_docs
-            done = [c for c in self.manifest.chunks if c.shard == shard]
-            self.manifest.chunks = [c for c in self.manifest.chunks if c.shard != shard]
-            self.obsolete += [c.file for c in done]
-            self.manifest.shards.append(part)
-        else:
-            self.manifest.chunks.append(part)
-        self.dirty = True
-        self.flush_if_due()
+        with self.lock:
+            if isinstance(part, Shard):
+                shard = part.start // self.manifest.shard_docs
+                done = [c for c in self.manifest.chunks if c.shard == shard]
+                self.manifest.chunks = [c for c in self.manifest.chunks if c.shard != shard]
+                self.obsolete += [c.file for c in done]
+                self.manifest.shards.append(part)
+            else:
+                self.manifest.chunks.append(part)
+            self.dirty = True
+            self.flush_if_due()
 
     def flush_if_due(self) -> None:
-        if self.dirty and time.monotonic() - self.saved_at >= SAVE_EVERY:
-            self.save()
+        with self.lock:
+            if self.dirty and time.monotonic() - self.saved_at >= SAVE_EVERY:
+                self.save()
 
     def save(self) -> None:
-        self.manifest.shards.sort(key=lambda s: s.start)
-        self.manifest.save(self.out)
-        self.saved_at, self.dirty = time.monotonic(), False
-        for name in self.obsolete:  # listed nowhere now: a kill before this line leaves only leftovers
-            (self.out / name).unlink(missing_ok=True)
-        self.obsolete = []
+        with self.lock:
+            self.manifest.shards.sort(key=lambda s: s.start)
+            self.manifest.save(self.out)
+            self.saved_at, self.dirty = time.monotonic(), False
+            for name in self.obsolete:  # listed nowhere now: a kill before this line leaves only leftovers
+                (self.out / name).unlink(missing_ok=True)
+            self.obsolete = []
 
     def _verify_recorded(self) -> None:
         """Read the input as far as the recorded parts reach and drop every part whose documents changed."""

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import zlib
 from pathlib import Path
@@ -165,6 +166,33 @@ def test_one_document_shards_do_not_rewrite_the_manifest_per_shard(tmp_path, mon
     assert len(manifest.shards) == 300 and manifest.complete
     # a save at the start and the end, and at most one a second in between (not one per shard)
     assert len(saves) <= 3 + (time.monotonic() - t0) / encode_module.SAVE_EVERY, len(saves)
+
+
+def test_saves_from_the_writer_thread_and_the_driver_never_interleave(tmp_path, monkeypatch):
+    """Shards are recorded by the writer thread while the driver's progress flushes: with every flush due and a
+    slow save, no two saves may overlap, and no save may start while the manifest on disk lists a deleted file."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"passage {i} on topic {i % 37}"}) + "\n"
+                              for i in range(3000)))
+    out, overlaps, missing, inside = tmp_path / "v", [], [], threading.Semaphore(1)
+    real_save = Manifest.save
+
+    def slow_save(self, directory):
+        if not inside.acquire(blocking=False):
+            overlaps.append(len(self.shards))
+        on_disk = json.loads((out / "manifest.json").read_text()) if (out / "manifest.json").exists() else {}
+        listed = [p["file"] for p in on_disk.get("shards", []) + on_disk.get("chunks", [])]
+        missing.extend(f for f in listed if not (out / f).exists())
+        time.sleep(0.03)
+        real_save(self, directory)
+        inside.release()
+
+    monkeypatch.setattr(Manifest, "save", slow_save)
+    monkeypatch.setattr(encode_module, "SAVE_EVERY", 0.0)
+    # shards of 3 pieces (256 + 256 + 88 documents), each checkpointed: chunks are recorded, then replaced
+    manifest = encode(corpus, out, shard_docs=600, max_tokens=256, checkpoint_seconds=0, doc_max_length=8)
+    assert manifest.complete and manifest.docs == 3000 and not manifest.chunks
+    assert not overlaps and not missing, (overlaps[:5], missing[:5])
 
 
 def test_fixing_a_bad_record_keeps_the_shards_before_it_and_a_changed_one_is_reencoded(tmp_path):
