@@ -173,7 +173,7 @@ def test_saves_from_the_writer_thread_and_the_driver_never_interleave(tmp_path, 
     slow save, no two saves may overlap, and no save may start while the manifest on disk lists a deleted file."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"passage {i} on topic {i % 37}"}) + "\n"
-                              for i in range(3000)))
+                              for i in range(1200)))
     out, overlaps, missing, inside = tmp_path / "v", [], [], threading.Semaphore(1)
     real_save = Manifest.save
 
@@ -191,7 +191,7 @@ def test_saves_from_the_writer_thread_and_the_driver_never_interleave(tmp_path, 
     monkeypatch.setattr(encode_module, "SAVE_EVERY", 0.0)
     # shards of 3 pieces (256 + 256 + 88 documents), each checkpointed: chunks are recorded, then replaced
     manifest = encode(corpus, out, shard_docs=600, max_tokens=256, checkpoint_seconds=0, doc_max_length=8)
-    assert manifest.complete and manifest.docs == 3000 and not manifest.chunks
+    assert manifest.complete and manifest.docs == 1200 and not manifest.chunks
     assert not overlaps and not missing, (overlaps[:5], missing[:5])
 
 
