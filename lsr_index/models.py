@@ -8,7 +8,6 @@ anything), unpacked with zipfile, checksummed and cached.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from .errors import LsrIndexError
 from .model_files import (
+    cache_root,
     identity_files,
     kept_per_process,
     model_sha256,
@@ -57,10 +57,6 @@ EMBEDDED: dict[str, EmbeddedModel] = {
         license="Apache-2.0",
     ),
 }
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("LSR_INDEX_CACHE", Path.home() / ".cache" / "lsr-index"))
 
 
 def _fetch_embedded(name: str, spec: EmbeddedModel, target: Path) -> None:

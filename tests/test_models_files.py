@@ -66,6 +66,48 @@ def test_identity_is_hashed_once_per_process_and_a_same_size_edit_is_still_seen(
     assert reads.count("model.safetensors") == 3
 
 
+def test_identity_is_recorded_for_later_processes_until_a_file_changes(tiny_copy, tmp_path, monkeypatch):
+    from lsr_index import model_files
+
+    monkeypatch.setenv("LSR_INDEX_CACHE", str(tmp_path / "cache"))
+    reads = []
+    hash_file = model_files.sha256_file
+    monkeypatch.setattr(model_files, "sha256_file", lambda path: reads.append(path.name) or hash_file(path))
+
+    def new_process() -> str:
+        monkeypatch.setattr(model_files, "_kept", {})
+        return model_sha256(tiny_copy)
+
+    fresh = new_process()
+    assert not list((tmp_path / "cache").glob("identity/*"))  # files written just now are not recorded yet
+    later = type("Clock", (), {"time_ns": staticmethod(lambda: time.time_ns() + 3_000_000_000)})
+    monkeypatch.setattr(model_files, "time", later)
+    assert new_process() == fresh
+    hashed = len(reads)
+    assert new_process() == fresh and len(reads) == hashed  # read from the record: no file read
+    weights = tiny_copy / "model.safetensors"
+    stat = weights.stat()
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1  # same size and inode, the modification time set back: the change time still moves
+    with open(weights, "r+b") as f:
+        f.write(data)
+    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    monkeypatch.setattr(model_files, "time", type("Clock", (), {"time_ns": staticmethod(
+        lambda: time.time_ns() + 6_000_000_000)}))
+    changed = new_process()
+    assert changed != fresh and len(reads) > hashed
+    for record in (tmp_path / "cache").glob("identity/*"):
+        record.write_text("{not json")  # a damaged record is hashed over, never trusted or fatal
+    assert new_process() == changed
+    for record in (tmp_path / "cache").glob("identity/*"):  # another state's record is not trusted either
+        record.write_text(json.dumps({"path": str(tiny_copy.resolve()), "stamps": [], "sha256": "0" * 64}))
+    assert new_process() == changed
+    blocked = tmp_path / "not-a-directory"
+    blocked.write_text("")
+    monkeypatch.setenv("LSR_INDEX_CACHE", str(blocked))  # a cache that cannot be written: the right answer still
+    assert new_process() == changed
+
+
 def test_the_tokenizer_is_read_once_per_process_until_its_files_change(tiny_copy, monkeypatch):
     from lsr_index import model_files, models
 
