@@ -3,15 +3,21 @@ worker process, or by a cluster's actor (which loads the model once and runs the
 the pieces of its shards that are not checkpointed yet, and reports each checkpoint (a Chunk) and each finished
 shard (a Shard) through `emit`; it never touches the manifest.
 
-Within a task, reading+tokenizing, the model, and serializing+writing run in three threads.
+Within a task, reading+tokenizing, the model, and serializing+writing run in three threads; beside a GPU, reading
+and tokenizing run in a process of their own instead (_InputProcess).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
+import pickle
 import queue
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +25,7 @@ from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
@@ -28,6 +34,7 @@ from .encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
 from .errors import LsrIndexError
 from .manifest import Chunk, Part, Shard
 from .quantize import SparseVectors, quantize
+from .tokens import TextTokenizer, Tokens
 from .writers import (
     ShardWriter,
     SharedVocab,
@@ -39,9 +46,6 @@ from .writers import (
     serializer_init,
     shard_file,
 )
-
-if TYPE_CHECKING:  # torch and the model load inside the task: a spawned worker imports this module first
-    from .encoder import Tokens
 
 T = TypeVar("T")
 
@@ -259,7 +263,6 @@ class ShardEncoder:
     piece used to follow each other before the first batch."""
 
     def __init__(self, job: EncodeJob, device: str, cores: int):
-        from .encoder import TextTokenizer
         from .models import load_tokenizer, tokenizer_terms
 
         if not device.startswith("cuda"):
@@ -336,35 +339,18 @@ class ShardEncoder:
         total and skipped records are the driver's to report."""
         job, options = self.job, self.job.options
         ready_at = 0.0
-        reader = job.reader() if source is None else None
-        resume_at = {k: chunks[-1].end for k, chunks in assignment.chunks.items() if chunks}
-
-        def read() -> Iterator[tuple[Piece, list[str] | None, list[str] | None, _Stats]]:
-            """The pieces to encode as id and text lists, with their digests and capped counts; a piece with nothing
-            left to encode (checkpointed earlier) as (piece, None, None, _Stats()) when it ends its shard."""
-            for piece in pieces(reader, options.shard_docs) if source is None else source:
-                if not assignment.mine(piece.shard):  # another worker's, or published: read (to count) only
-                    continue
-                checkpointed = resume_at.get(piece.shard, 0)
-                if piece.end <= checkpointed:
-                    if piece.last:
-                        yield piece, None, None, _Stats()
-                    continue
-                if piece.start < checkpointed:
-                    raise LsrIndexError(f"shard {piece.shard}'s checkpoint ends inside a batch (document "
-                                        f"{checkpointed}): the input changed during the run? Rerun to re-verify it")
-                ids, texts = piece.rows.column("id").to_pylist(), piece.rows.column("text").to_pylist()
-                capped = sum(len(t) >= job.max_chars for t in texts)
-                yield piece, ids, texts, _Stats(input_digest(piece.start, ids, texts), capped=capped)
-                # one piece is read beside the model's load, no more: the load is Python work too, and reading
-                # further ahead took the GIL from it (BERT-base ready at 1.1-1.4 s instead of 0.4-0.6 s on an H200)
-                wait([self._encoder])
+        child = source is None and _reads_in_a_process(self.device)
+        reader = job.reader() if source is None and not child else None
 
         def tokenized() -> Iterator[tuple[Piece, list[str] | None, Tokens | None, _Stats]]:
             """The pieces read ahead in a thread of their own: reading and parsing piece i+1 (Python work under the
             GIL) runs while piece i is tokenized (in Rust, on every core, without the GIL). In one thread the two
             added up: ~12 µs a document to read and ~20 to tokenize on 16 cores (benchmarks/NOTES_encode.md)."""
-            ahead = Prefetch(read(), name="read")
+            # one piece is read beside the model's load, no more: the load is Python work too, and reading further
+            # ahead took the GIL from it (BERT-base ready at 1.1-1.4 s instead of 0.4-0.6 s on an H200)
+            read = read_pieces(job, assignment, pieces(reader, options.shard_docs) if source is None else source,
+                               after_each=lambda: wait([self._encoder]))
+            ahead = Prefetch(read, name="read")
             try:
                 for piece, ids, texts, stats in ahead:
                     tokens = None
@@ -377,7 +363,8 @@ class ShardEncoder:
 
         pending: dict[int, tuple[Piece, list[str] | None, Tokens | None, _Stats, list]] = {}  # read, not yet sunk
         sink: _ShardSink | None = None
-        stream = Prefetch(tokenized(), name="tokenize")  # reading and tokenizing begin now, while the model loads
+        # reading and tokenizing begin now, while the model loads
+        stream = _InputProcess(job, assignment, self.tokenizer) if child else Prefetch(tokenized(), name="tokenize")
 
         def to_encode() -> Iterator[tuple[int, Tokens]]:
             """The pieces with documents to encode, numbered; all pieces wait in `pending` for their turn."""
@@ -414,11 +401,174 @@ class ShardEncoder:
             if sink is not None:
                 sink.close(wait=False)
             raise
+        stream.close()
         sink.close()
-        return WorkerResult(total_docs=reader.n_docs if reader else 0, tokens=encoder.n_tokens - tokens0,
-                            skipped=skipped_records(reader) if reader else [], worker=assignment.worker,
-                            device=self.device, docs=encoder.n_docs - docs0, loaded_at=self.loaded_at,
+        total, skipped = (stream.total_docs, stream.skipped) if child else \
+            (reader.n_docs, skipped_records(reader)) if reader else (0, [])
+        return WorkerResult(total_docs=total, tokens=encoder.n_tokens - tokens0, skipped=skipped,
+                            worker=assignment.worker, device=self.device, docs=encoder.n_docs - docs0,
+                            loaded_at=self.loaded_at,
                             ready_at=ready_at or time.time(), done_at=time.time())
+
+
+def read_pieces(job: EncodeJob, assignment: Assignment, stream: Iterable[Piece],
+                after_each: Callable[[], object] = lambda: None
+                ) -> Iterator[tuple[Piece, list[str] | None, list[str] | None, _Stats]]:
+    """The pieces of `stream` to encode as id and text lists, with their digests and capped counts; a piece with
+    nothing left to encode (checkpointed earlier) as (piece, None, None, _Stats()) when it ends its shard. Pieces of
+    other shards are read (to count) only. `after_each` runs after each piece is taken."""
+    resume_at = {k: chunks[-1].end for k, chunks in assignment.chunks.items() if chunks}
+    for piece in stream:
+        if not assignment.mine(piece.shard):  # another worker's, or published: read (to count) only
+            continue
+        checkpointed = resume_at.get(piece.shard, 0)
+        if piece.end <= checkpointed:
+            if piece.last:
+                yield piece, None, None, _Stats()
+            continue
+        if piece.start < checkpointed:
+            raise LsrIndexError(f"shard {piece.shard}'s checkpoint ends inside a batch (document "
+                                f"{checkpointed}): the input changed during the run? Rerun to re-verify it")
+        ids, texts = piece.rows.column("id").to_pylist(), piece.rows.column("text").to_pylist()
+        capped = sum(len(t) >= job.max_chars for t in texts)
+        yield piece, ids, texts, _Stats(input_digest(piece.start, ids, texts), capped=capped)
+        after_each()
+
+
+def _reads_in_a_process(device: str) -> bool:
+    """Whether a task reads and tokenizes in a process of its own (_InputProcess) rather than in threads."""
+    return device.startswith("cuda")
+
+
+_INPUT_AHEAD = 3  # pieces the input process may hold ready ahead of the model
+# The input process's first lines: the parent's import path (as multiprocessing's spawn passes it), then its entry.
+# Not multiprocessing itself: its spawn re-runs the parent's main module first, and a script that imports torch and
+# transformers at its top delayed every run's first piece by ~3 s on an H100 host (benchmarks/NOTES_encode.md).
+_BOOT = "import pickle, sys; sys.path[:] = pickle.load(sys.stdin.buffer); " \
+        "from lsr_index.encode_shard import input_main; input_main()"
+
+
+class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _Stats]]):
+    """The task's pieces read, digested and tokenized in a process of its own, as `tokenized()` yields them.
+
+    Beside a GPU, the thread that launches the model's kernels is the limit, and reading (JSON parsing, ~12 µs a
+    document) and building token lists are Python work that took the GIL from it: on an H100 the GPU idled 2.2 s of
+    a 6.7 s BERT-base run, each gap waiting for a late launch while that thread ran Python (benchmarks/gpu_busy.py).
+    Here they run on other cores under another GIL (same host, alternated: 20.4k → 26.8k docs/s after start-up).
+    Pieces come back pickled through a pipe, their rows reduced to the ids. The process ends with the stream, with
+    an error (re-raised here as one clear line), or with its parent (its stdin closes); Ctrl-C is the parent's."""
+
+    def __init__(self, job: EncodeJob, assignment: Assignment, tokenizer: TextTokenizer):
+        self.total_docs, self.skipped = 0, []
+        self._ended = False
+        self._items: queue.Queue = queue.Queue(maxsize=_INPUT_AHEAD)
+        self._stop = threading.Event()
+        self._process = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        # both directions in threads: the set-up (XLM-R's tokenizer is 17 MB) is read only once the child has started,
+        # and a piece is unpickled while the model runs
+        threading.Thread(target=self._send, args=(job, assignment, tokenizer), name="input-send", daemon=True).start()
+        threading.Thread(target=self._receive, name="input-receive", daemon=True).start()
+
+    def _send(self, job: EncodeJob, assignment: Assignment, tokenizer: TextTokenizer) -> None:
+        with contextlib.suppress(OSError, ValueError):  # it ended already: _receive reports how
+            pickle.dump(sys.path, self._process.stdin)
+            pickle.dump((job, assignment, tokenizer.backend.to_str()), self._process.stdin)
+            self._process.stdin.flush()
+        # stdin stays open: its end is how the child learns that this process is gone
+
+    def _receive(self) -> None:
+        message: tuple = ("died",)
+        try:
+            while True:
+                message = pickle.load(self._process.stdout)
+                if message[0] != "piece" or not self._put(message):
+                    break
+        except (EOFError, OSError, ValueError, pickle.UnpicklingError):
+            message = ("died",)
+        self._put(message)
+
+    def _put(self, item: tuple) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._items.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __next__(self) -> tuple[Piece, list[str] | None, Tokens | None, _Stats]:
+        if self._ended:
+            raise StopIteration
+        kind, *body = self._items.get()
+        if kind == "piece":
+            piece, tokens, stats = body
+            return piece, None if tokens is None else piece.rows.column("id").to_pylist(), tokens, stats
+        self._ended = True
+        if kind == "end":
+            self.total_docs, self.skipped = body
+            raise StopIteration
+        if kind == "error":
+            raise LsrIndexError(body[0])
+        raise LsrIndexError(f"the input-reading process ended unexpectedly (exit code {self._process.wait()}); "
+                            "rerun the same command to resume")
+
+    def close(self) -> None:
+        """End the process (at once if the stream was not read to its end) and reap it."""
+        self._stop.set()
+        if not self._ended:
+            self._process.terminate()
+        with contextlib.suppress(OSError):
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        with contextlib.suppress(OSError):
+            self._process.stdout.close()
+
+
+def input_main() -> None:
+    """The input process (see _InputProcess): its set-up from stdin, then ("piece", piece with its ids only, tokens,
+    stats) per piece, ("end", documents in the stream, skipped records) or ("error", one line), pickled to what was
+    its stdout; anything else it prints goes to stderr."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent ends this
+    out = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+
+    def send(*message: object) -> None:
+        pickle.dump(message, out, protocol=pickle.HIGHEST_PROTOCOL)
+        out.flush()
+
+    job, assignment, tokenizer_json = pickle.load(sys.stdin.buffer)
+    threading.Thread(target=_end_with_stdin, daemon=True).start()
+    try:
+        from tokenizers import Tokenizer
+
+        tokenizer = TextTokenizer(Tokenizer.from_str(tokenizer_json))
+        reader, max_length = job.reader(), job.options.doc_max_length
+        for piece, _, texts, stats in read_pieces(job, assignment, pieces(reader, job.options.shard_docs)):
+            tokens = None
+            if texts is not None:
+                tokens = tokenizer.tokenize(texts, max_length)
+                _add_truncation(stats, tokens.full_lengths, max_length)
+            send("piece", Piece(piece.shard, piece.start, piece.rows.select(["id"]), piece.last), tokens, stats)
+        send("end", reader.n_docs, skipped_records(reader))
+    except BrokenPipeError:
+        os._exit(1)  # the parent stopped reading: nobody to tell
+    except LsrIndexError as exc:
+        send("error", str(exc))
+    except BaseException as exc:  # one line for the parent, whatever it was
+        send("error", f"reading the input failed: {type(exc).__name__}: {exc}")
+    sys.stderr.flush()
+    os._exit(0)  # not through the interpreter's shutdown, which a thread blocked on stdin would abort
+
+
+def _end_with_stdin() -> None:
+    """The input process's watch on its parent: stdin reaches its end when the parent closes it, or is gone."""
+    while os.read(0, 1 << 16):
+        pass
+    os._exit(1)
 
 
 def skipped_records(reader: CorpusReader) -> list[dict]:

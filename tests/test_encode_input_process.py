@@ -1,0 +1,137 @@
+"""The input process (encode_shard._InputProcess): beside a GPU a task reads and tokenizes in a process of its own.
+Here it is forced on the CPU, and held to the threads' results: the same bytes, counts, errors and resumes, and no
+process left behind whatever ends the run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from procs import alive, children
+
+from lsr_index import encode_shard
+from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+from lsr_index.errors import LsrIndexError
+from lsr_index.manifest import Manifest
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
+
+
+def encode(source: Path, out: Path, process: bool, monkeypatch, on_error: str = "fail", **options) -> Manifest:
+    monkeypatch.setattr(encode_shard, "_reads_in_a_process", lambda device: process)
+    options = {"doc_max_length": 32, "shard_docs": 150, "progress": False, "output_format": "jsonl", **options}
+    return encode_corpus(EncodeJob(inputs=(str(source),), on_error=on_error, options=EncodeOptions(**options)), out)
+
+
+def corpus_with_bad_records(tmp_path: Path) -> Path:
+    lines = SAMPLE.read_text().splitlines()[:300]
+    lines[40] = '{"id": "x1", "text": 5}'
+    lines[211] = "{not json"
+    path = tmp_path / "mixed.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_input_process_writes_what_the_threads_write(tmp_path, monkeypatch):
+    source = corpus_with_bad_records(tmp_path)
+    threads = encode(source, tmp_path / "threads", False, monkeypatch, on_error="skip", doc_max_length=16)
+    process = encode(source, tmp_path / "process", True, monkeypatch, on_error="skip", doc_max_length=16)
+    assert [s.sha256 for s in process.shards] == [s.sha256 for s in threads.shards] and len(process.shards) == 2
+    assert process.truncation == threads.truncation and process.truncation["documents"] > 0
+    assert process.docs == threads.docs == 298 and process.skipped == threads.skipped == 2
+    report = (tmp_path / "process" / "skipped.jsonl").read_text()
+    assert report == (tmp_path / "threads" / "skipped.jsonl").read_text() and f"{source}" in report
+
+
+def test_a_bad_record_read_in_the_input_process_is_one_line_naming_file_and_line(tmp_path, monkeypatch):
+    source = corpus_with_bad_records(tmp_path)
+    messages = []
+    for process in (False, True):
+        with pytest.raises(LsrIndexError) as caught:
+            encode(source, tmp_path / f"out{process}", process, monkeypatch)
+        messages.append(str(caught.value))
+    assert messages[0] == messages[1] and f"{source}:41:" in messages[1], messages
+    assert "Traceback" not in messages[1] and "\n" not in messages[1]
+    assert not children(_self_pid(), b"input_main")
+
+
+def test_a_resumed_run_reads_its_checkpoints_in_the_input_process(tmp_path, monkeypatch):
+    """A checkpointed shard (chunks on disk) is finished by a later run reading in the input process: the same
+    bytes as one uninterrupted run."""
+    source = tmp_path / "c.jsonl"
+    source.write_text("".join(json.dumps({"id": f"d{i}", "text": f"passage {i} about {i % 23}"}) + "\n"
+                              for i in range(900)))
+    whole = encode(source, tmp_path / "whole", False, monkeypatch, shard_docs=600, max_tokens=4096)
+    out = tmp_path / "resumed"
+    real_record = encode_shard._ShardSink._write
+
+    def stop_after_first_chunk(self, shards, shard, start, *rest):
+        if start >= 512:
+            raise KeyboardInterrupt
+        return real_record(self, shards, shard, start, *rest)
+
+    monkeypatch.setattr(encode_shard._ShardSink, "_write", stop_after_first_chunk)
+    with pytest.raises(KeyboardInterrupt):
+        encode(source, out, False, monkeypatch, shard_docs=600, max_tokens=4096, checkpoint_seconds=0)
+    monkeypatch.setattr(encode_shard._ShardSink, "_write", real_record)
+    assert Manifest.load(out).chunks  # a checkpoint to resume from
+    resumed = encode(source, out, True, monkeypatch, shard_docs=600, max_tokens=4096, checkpoint_seconds=0)
+    assert [s.sha256 for s in resumed.shards] == [s.sha256 for s in whole.shards] and not resumed.chunks
+
+
+PARENT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from lsr_index.encode_shard import _InputProcess, Assignment
+    from lsr_index.encode_job import EncodeJob, EncodeOptions
+    from lsr_index.models import load_tokenizer
+    from lsr_index.tokens import TextTokenizer
+
+    job = EncodeJob(inputs=(sys.argv[1],), options=EncodeOptions(shard_docs=64, progress=False))
+    stream = _InputProcess(job, Assignment(), TextTokenizer(load_tokenizer("splade-tiny")))
+    next(stream)  # started and sending; it now waits for this process to read on
+    print(stream._process.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+@pytest.mark.slow
+def test_the_input_process_ends_with_a_killed_parent(tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script), str(SAMPLE)], stdout=subprocess.PIPE, text=True)
+    try:
+        child = int(parent.stdout.readline())
+        assert alive(child)
+    finally:
+        parent.kill()
+        parent.wait()
+    deadline = time.time() + 30
+    while time.time() < deadline and alive(child):
+        time.sleep(0.1)
+    assert not alive(child), "the input process outlived its parent"
+
+
+def test_closing_the_stream_early_ends_the_input_process():
+    from lsr_index.encode_job import EncodeJob as Job
+    from lsr_index.models import load_tokenizer
+    from lsr_index.tokens import TextTokenizer
+
+    job = Job(inputs=(str(SAMPLE),), options=EncodeOptions(shard_docs=32, progress=False))
+    stream = encode_shard._InputProcess(job, encode_shard.Assignment(), TextTokenizer(load_tokenizer("splade-tiny")))
+    piece, ids, tokens, stats = next(stream)
+    assert (piece.shard, piece.start, piece.rows.num_rows) == (0, 0, 32) and len(ids) == 32
+    assert tokens.offsets[-1] == len(tokens.ids) and stats.digest
+    stream.close()
+    assert stream._process.poll() is not None and not children(_self_pid(), b"input_main")
+
+
+def _self_pid() -> int:
+    import os
+
+    return os.getpid()
