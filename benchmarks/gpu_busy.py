@@ -9,11 +9,8 @@ kind, the idle time before the first kernel, between kernels (gaps by size) and 
 meanwhile: its outermost torch ops, or none = Python), or launched in time but queued behind something else.
 
     python benchmarks/gpu_busy.py --tokenizer DIR [--docs 131072] [--arch bert-base] [--out benchmarks/results]
-                                  [--switch-interval SECONDS]
 
---switch-interval sets Python's GIL switch interval (default 0.005): whether the launching thread's waits for the
-GIL, held by the reading and writing threads, leave the GPU idle. Writes gpu_busy_<GPU>[_switch<S>].json.
-A GPU-only tool: the question it answers does not arise on a CPU.
+Writes gpu_busy_<GPU>.json. A GPU-only tool: the question it answers does not arise on a CPU.
 """
 
 import argparse
@@ -102,6 +99,11 @@ def profiled(run) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         trace = json.loads(Path(f.name).read_text())
+    return summarize(trace, wall, result)
+
+
+def summarize(trace: dict, wall: float, result: dict) -> dict:
+    """The report of one run from its Chrome trace (times in µs), its wall clock and its result row."""
     events = [e for e in trace["traceEvents"] if e.get("ph") == "X" and "dur" in e]
     kernels = sorted((e["ts"], e["ts"] + e["dur"], e["name"], e.get("args", {}).get("correlation", -1))
                      for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
@@ -152,10 +154,7 @@ def main() -> None:
     parser.add_argument("--arch", default="bert-base", choices=("bert-base", "xlmr-base"))
     parser.add_argument("--max-tokens", type=int, default=131072)
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results")
-    parser.add_argument("--switch-interval", type=float)
     args = parser.parse_args()
-    if args.switch_interval:
-        sys.setswitchinterval(args.switch_interval)
     if not torch.cuda.is_available():
         sys.exit("gpu_busy.py measures a GPU: no CUDA device here")
     device, dtype = "cuda:0", torch.bfloat16
@@ -172,13 +171,11 @@ def main() -> None:
     gpu = torch.cuda.get_device_name(0)
     meta = {"gpu": gpu, "host": platform.node(), "cores": os.cpu_count(), "torch": torch.__version__,
             "arch": args.arch, "docs": args.docs, "max_tokens": args.max_tokens,
-            "gil_switch_interval_s": sys.getswitchinterval(),
             "date": time.strftime("%Y-%m-%d %H:%M:%S")}
     for name, row in rows.items():
         print(f"{name}: {json.dumps(row, ensure_ascii=False)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    suffix = f"_switch{args.switch_interval:g}" if args.switch_interval else ""
-    path = args.out / f"gpu_busy_{gpu.replace(' ', '_')}{suffix}.json"
+    path = args.out / f"gpu_busy_{gpu.replace(' ', '_')}.json"
     path.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1, ensure_ascii=False) + "\n")
     print(f"wrote {path}")
 

@@ -62,3 +62,35 @@ def test_sample_encode_samples_a_cli_run_from_its_first_import(tmp_path, capsys,
     assert "samples per thread" in out and "thread MainThread, most frequent stack per 0.1 s" in out
     assert "load_model" in out.split("thread model-load, most frequent stack per 0.1 s")[1]  # its timeline
     assert (tmp_path / "v" / "manifest.json").exists()
+
+
+def test_gpu_busy_places_idle_gaps_on_the_host():
+    """gpu_busy.py's report from a hand-made trace (µs): busy time, gap classes, and a late launch placed on the op
+    the launching thread was in (nested ops counted once, through the outermost), the rest on Python between ops."""
+    busy = load("gpu_busy")
+
+    def kernel(ms, dur, name, corr):
+        return {"ph": "X", "cat": "kernel", "ts": ms * 1000, "dur": dur * 1000, "name": name,
+                "args": {"correlation": corr}}
+
+    def host(ms, dur, name, cat="cpu_op", corr=None):
+        return {"ph": "X", "cat": cat, "ts": ms * 1000, "dur": dur * 1000, "name": name, "tid": 7,
+                **({"args": {"correlation": corr}} if corr is not None else {})}
+
+    trace = {"traceEvents": [
+        kernel(0, 10, "spin_kernel", 1), kernel(100, 400, "sm90_gemm", 2), kernel(500.005, 99.995, "splade_max", 3),
+        kernel(5_600, 400, "elementwise_kernel", 4), kernel(7_000, 10, "spin_kernel", 5),
+        host(50, 10, "cudaLaunchKernel", "cuda_runtime", 2), host(480, 20, "cudaLaunchKernel", "cuda_runtime", 3),
+        host(5_500, 10, "cudaLaunchKernel", "cuda_runtime", 4),
+        host(600, 3_000, "aten::item"), host(700, 100, "aten::copy_"),
+    ]}
+    row = busy.summarize(trace, wall=8.0, result={"docs": 80})
+    assert row["kernels"] == 3 and row["gpu_busy_s"] == 0.9 and row["first_kernel_after_s"] == 0.09
+    assert row["idle_after_last_kernel_s"] == 1.0 and row["kernel_span_s"] == 5.9
+    assert row["idle_gaps"]["<10us"]["count"] == 1 and row["idle_gaps"][">=100000us"]["count"] == 1
+    assert row["kernel_seconds_by_kind"] == {"gemm": 0.4, "elementwise": 0.4, "sparton head": 0.1}
+    host_side = row["gaps_from_1ms_and_the_first"]
+    # the 5 s gap: launched 4.9 s late, 3 s inside aten::item, 1.9 s in Python; before the first kernel 40 ms more
+    assert host_side["late_by_host_op_s"] == {"aten::item": 3.0, "(no torch op: Python)": 1.94}
+    assert host_side["late_launch_s"] == 4.94 and host_side["queued_s"] == 0.0
+    assert [g["idle_ms"] for g in host_side["largest"]] == [5000.0, 90.0]
