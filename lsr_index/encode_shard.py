@@ -463,7 +463,11 @@ class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _St
         self._ended = False
         self._items: queue.Queue = queue.Queue(maxsize=_INPUT_AHEAD)
         self._stop = threading.Event()
-        self._process = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        try:
+            self._process = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
+                                             stdout=subprocess.PIPE)
+        except OSError as exc:
+            raise LsrIndexError(f"cannot start the input-reading process ({sys.executable}): {exc}") from exc
         # both directions in threads: the set-up (XLM-R's tokenizer is 17 MB) is read only once the child has started,
         # and a piece is unpickled while the model runs
         threading.Thread(target=self._send, args=(job, assignment, tokenizer), name="input-send", daemon=True).start()
