@@ -25,13 +25,14 @@ from concurrent.futures import Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import TypeVar
+from typing import BinaryIO, TypeVar
 
 import numpy as np
+import pyarrow as pa
 
-from .corpus import CorpusReader
+from .corpus import CorpusReader, string_array
 from .encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
-from .errors import LsrIndexError
+from .errors import InputError, LsrIndexError
 from .manifest import Chunk, Part, Shard
 from .quantize import SparseVectors, quantize
 from .tokens import TextTokenizer, Tokens
@@ -339,7 +340,9 @@ class ShardEncoder:
         total and skipped records are the driver's to report."""
         job, options = self.job, self.job.options
         ready_at = 0.0
-        child = source is None and _reads_in_a_process(self.device)
+        # a tokenizer that cannot be serialized (a custom Python pre-tokenizer) keeps to threads
+        tokenizer_json = _serialized(self.tokenizer) if source is None and _reads_in_a_process(self.device) else None
+        child = tokenizer_json is not None
         reader = job.reader() if source is None and not child else None
 
         def tokenized() -> Iterator[tuple[Piece, list[str] | None, Tokens | None, _Stats]]:
@@ -364,7 +367,7 @@ class ShardEncoder:
         pending: dict[int, tuple[Piece, list[str] | None, Tokens | None, _Stats, list]] = {}  # read, not yet sunk
         sink: _ShardSink | None = None
         # reading and tokenizing begin now, while the model loads
-        stream = _InputProcess(job, assignment, self.tokenizer) if child else Prefetch(tokenized(), name="tokenize")
+        stream = _InputProcess(job, assignment, tokenizer_json) if child else Prefetch(tokenized(), name="tokenize")
 
         def to_encode() -> Iterator[tuple[int, Tokens]]:
             """The pieces with documents to encode, numbered; all pieces wait in `pending` for their turn."""
@@ -440,12 +443,34 @@ def _reads_in_a_process(device: str) -> bool:
     return device.startswith("cuda")
 
 
+def _serialized(tokenizer: TextTokenizer) -> str | None:
+    """The Rust tokenizer as JSON for the input process, or None if it holds Python parts (0.3 s of the GIL for
+    XLM-R's 250k pieces, taken while the model loads in its own thread)."""
+    try:
+        return tokenizer.backend.to_str()
+    except Exception:  # tokenizers raises a plain Exception for a custom pre-tokenizer
+        return None
+
+
 _INPUT_AHEAD = 3  # pieces the input process may hold ready ahead of the model
-# The input process's first lines: the parent's import path (as multiprocessing's spawn passes it), then its entry.
-# Not multiprocessing itself: its spawn re-runs the parent's main module first, and a script that imports torch and
+# The input process's start: the parent's import path (as multiprocessing's spawn passes it), then its entry. Not
+# multiprocessing itself: its spawn re-runs the parent's main module first, and a script that imports torch and
 # transformers at its top delayed every run's first piece by ~3 s on an H100 host (benchmarks/NOTES_encode.md).
-_BOOT = "import pickle, sys; sys.path[:] = pickle.load(sys.stdin.buffer); " \
-        "from lsr_index.encode_shard import input_main; input_main()"
+# -P: no current directory on the path, where a user's struct.py would shadow the standard library's.
+_BOOT = """
+import os, pickle, sys
+out = os.fdopen(int(sys.argv[1]), "wb")
+try:
+    sys.path[:] = pickle.load(sys.stdin.buffer)
+    from lsr_index.encode_shard import input_main
+except EOFError:
+    os._exit(1)  # the parent is gone before it sent anything
+except BaseException as exc:
+    pickle.dump(("error", f"the input-reading process could not start: {type(exc).__name__}: {exc}"), out)
+    out.flush()
+    os._exit(1)
+input_main(out)
+"""
 
 
 class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _Stats]]):
@@ -455,41 +480,57 @@ class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _St
     document) and building token lists are Python work that took the GIL from it: on an H100 the GPU idled 2.2 s of
     a 6.7 s BERT-base run, each gap waiting for a late launch while that thread ran Python (benchmarks/gpu_busy.py).
     Here they run on other cores under another GIL (same host, alternated: 20.4k → 26.8k docs/s after start-up).
-    Pieces come back pickled through a pipe, their rows reduced to the ids. The process ends with the stream, with
-    an error (re-raised here as one clear line), or with its parent (its stdin closes); Ctrl-C is the parent's."""
 
-    def __init__(self, job: EncodeJob, assignment: Assignment, tokenizer: TextTokenizer):
+    Messages come back pickled through a pipe of their own (nothing the child prints can enter it): pieces with
+    their rows reduced to the ids, then the stream's end or its error, rebuilt here as the same exception. The child
+    runs in its own process group (Ctrl-C is this process's to handle, and it ends the child) and ends when its
+    stdin does, i.e. with this process."""
+
+    def __init__(self, job: EncodeJob, assignment: Assignment, tokenizer_json: str):
         self.total_docs, self.skipped = 0, []
-        self._ended = False
+        self._ended = self._finished = False  # no more items; the child sent the stream's end
         self._items: queue.Queue = queue.Queue(maxsize=_INPUT_AHEAD)
         self._stop = threading.Event()
+        read_end, write_end = os.pipe()
         try:
-            self._process = subprocess.Popen([sys.executable, "-c", _BOOT], stdin=subprocess.PIPE,
-                                             stdout=subprocess.PIPE)
+            self._process = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, str(write_end)],
+                                             stdin=subprocess.PIPE, pass_fds=(write_end,), process_group=0)
         except OSError as exc:
+            os.close(read_end)
             raise LsrIndexError(f"cannot start the input-reading process ({sys.executable}): {exc}") from exc
-        # both directions in threads: the set-up (XLM-R's tokenizer is 17 MB) is read only once the child has started,
-        # and a piece is unpickled while the model runs
-        threading.Thread(target=self._send, args=(job, assignment, tokenizer), name="input-send", daemon=True).start()
-        threading.Thread(target=self._receive, name="input-receive", daemon=True).start()
+        finally:
+            os.close(write_end)
+        self._messages = os.fdopen(read_end, "rb")
+        try:  # both directions in threads: the set-up (XLM-R's tokenizer is 17 MB) is read once the child runs
+            threading.Thread(target=self._send, args=((job, assignment, tokenizer_json),), name="input-send",
+                             daemon=True).start()
+            threading.Thread(target=self._receive, name="input-receive", daemon=True).start()
+        except BaseException:
+            self.close()
+            raise
 
-    def _send(self, job: EncodeJob, assignment: Assignment, tokenizer: TextTokenizer) -> None:
-        with contextlib.suppress(OSError, ValueError):  # it ended already: _receive reports how
+    def _send(self, setup: tuple) -> None:
+        try:
             pickle.dump(sys.path, self._process.stdin)
-            pickle.dump((job, assignment, tokenizer.backend.to_str()), self._process.stdin)
+            pickle.dump(setup, self._process.stdin)
             self._process.stdin.flush()
+        except (OSError, ValueError):
+            return  # it ended already: _receive reports how
+        except BaseException as exc:
+            self._process.terminate()
+            self._put(("error", f"cannot hand the input-reading process its set-up: {type(exc).__name__}: {exc}"))
         # stdin stays open: its end is how the child learns that this process is gone
 
     def _receive(self) -> None:
-        message: tuple = ("died",)
         try:
             while True:
-                message = pickle.load(self._process.stdout)
-                if message[0] != "piece" or not self._put(message):
-                    break
+                message = pickle.load(self._messages)
+                if not self._put(message) or message[0] != "piece":
+                    return
         except (EOFError, OSError, ValueError, pickle.UnpicklingError):
-            message = ("died",)
-        self._put(message)
+            self._put(("died",))
+        except BaseException as exc:
+            self._put(("error", f"lost the input-reading process's stream: {type(exc).__name__}: {exc}"))
 
     def _put(self, item: tuple) -> bool:
         while not self._stop.is_set():
@@ -510,16 +551,24 @@ class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _St
         self._ended = True
         if kind == "end":
             self.total_docs, self.skipped = body
+            self._finished = True
             raise StopIteration
+        if kind == "input_error":
+            raise InputError(*body)
         if kind == "error":
             raise LsrIndexError(body[0])
-        raise LsrIndexError(f"the input-reading process ended unexpectedly (exit code {self._process.wait()}); "
-                            "rerun the same command to resume")
+        self._process.terminate()  # its stream broke while it may still run
+        try:
+            code = self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = None
+        raise LsrIndexError(f"the input-reading process ended unexpectedly (exit code {code}); rerun the same "
+                            "command to resume")
 
     def close(self) -> None:
-        """End the process (at once if the stream was not read to its end) and reap it."""
+        """End the process (at once unless it already finished) and reap it."""
         self._stop.set()
-        if not self._ended:
+        if self._process.poll() is None and not self._finished:
             self._process.terminate()
         with contextlib.suppress(OSError):
             self._process.stdin.close()
@@ -529,42 +578,48 @@ class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _St
             self._process.kill()
             self._process.wait()
         with contextlib.suppress(OSError):
-            self._process.stdout.close()
+            self._messages.close()
 
 
-def input_main() -> None:
+def input_main(out: BinaryIO) -> None:
     """The input process (see _InputProcess): its set-up from stdin, then ("piece", piece with its ids only, tokens,
-    stats) per piece, ("end", documents in the stream, skipped records) or ("error", one line), pickled to what was
-    its stdout; anything else it prints goes to stderr."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the parent ends this
-    out = os.fdopen(os.dup(1), "wb")
-    os.dup2(2, 1)
+    stats) per piece, and ("end", documents in the stream, skipped records), ("input_error", path, line, reason, hint)
+    or ("error", one line), pickled to `out`."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # not its to handle, even if it reaches this process group
 
     def send(*message: object) -> None:
         pickle.dump(message, out, protocol=pickle.HIGHEST_PROTOCOL)
         out.flush()
 
-    job, assignment, tokenizer_json = pickle.load(sys.stdin.buffer)
+    try:
+        job, assignment, tokenizer_json = pickle.load(sys.stdin.buffer)
+    except BaseException:
+        os._exit(1)  # the parent ended while sending
     threading.Thread(target=_end_with_stdin, daemon=True).start()
     try:
         from tokenizers import Tokenizer
 
         tokenizer = TextTokenizer(Tokenizer.from_str(tokenizer_json))
         reader, max_length = job.reader(), job.options.doc_max_length
-        for piece, _, texts, stats in read_pieces(job, assignment, pieces(reader, job.options.shard_docs)):
-            tokens = None
+        for piece, ids, texts, stats in read_pieces(job, assignment, pieces(reader, job.options.shard_docs)):
+            tokens, rows = None, piece.rows.select([])
             if texts is not None:
                 tokens = tokenizer.tokenize(texts, max_length)
                 _add_truncation(stats, tokens.full_lengths, max_length)
-            send("piece", Piece(piece.shard, piece.start, piece.rows.select(["id"]), piece.last), tokens, stats)
+                # the ids anew, compact: a slice of the reader's batch would pickle the whole batch's buffers
+                rows = pa.RecordBatch.from_arrays([string_array(ids)], names=["id"])
+            send("piece", Piece(piece.shard, piece.start, rows, piece.last), tokens, stats)
         send("end", reader.n_docs, skipped_records(reader))
     except BrokenPipeError:
         os._exit(1)  # the parent stopped reading: nobody to tell
+    except InputError as exc:
+        send("input_error", exc.path, exc.where, exc.reason, exc.hint)
     except LsrIndexError as exc:
         send("error", str(exc))
     except BaseException as exc:  # one line for the parent, whatever it was
         send("error", f"reading the input failed: {type(exc).__name__}: {exc}")
-    sys.stderr.flush()
+    if sys.stderr:
+        sys.stderr.flush()
     os._exit(0)  # not through the interpreter's shutdown, which a thread blocked on stdin would abort
 
 

@@ -16,7 +16,7 @@ from procs import alive, children
 
 from lsr_index import encode_shard
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
-from lsr_index.errors import LsrIndexError
+from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.manifest import Manifest
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
@@ -56,6 +56,7 @@ def test_a_bad_record_read_in_the_input_process_is_one_line_naming_file_and_line
             encode(source, tmp_path / f"out{process}", process, monkeypatch)
         messages.append(str(caught.value))
     assert messages[0] == messages[1] and f"{source}:41:" in messages[1], messages
+    assert isinstance(caught.value, InputError) and (caught.value.where, caught.value.path) == (41, str(source))
     assert "Traceback" not in messages[1] and "\n" not in messages[1]
     assert not children(_self_pid(), b"input_main")
 
@@ -90,10 +91,9 @@ PARENT = textwrap.dedent("""
     from lsr_index.encode_shard import _InputProcess, Assignment
     from lsr_index.encode_job import EncodeJob, EncodeOptions
     from lsr_index.models import load_tokenizer
-    from lsr_index.tokens import TextTokenizer
 
     job = EncodeJob(inputs=(sys.argv[1],), options=EncodeOptions(shard_docs=64, progress=False))
-    stream = _InputProcess(job, Assignment(), TextTokenizer(load_tokenizer("splade-tiny")))
+    stream = _InputProcess(job, Assignment(), load_tokenizer("splade-tiny").backend_tokenizer.to_str())
     next(stream)  # started and sending; it now waits for this process to read on
     print(stream._process.pid, flush=True)
     time.sleep(600)
@@ -117,18 +117,66 @@ def test_the_input_process_ends_with_a_killed_parent(tmp_path):
     assert not alive(child), "the input process outlived its parent"
 
 
-def test_closing_the_stream_early_ends_the_input_process():
+def input_process(source: Path, shard_docs: int = 32) -> encode_shard._InputProcess:
     from lsr_index.encode_job import EncodeJob as Job
     from lsr_index.models import load_tokenizer
-    from lsr_index.tokens import TextTokenizer
 
-    job = Job(inputs=(str(SAMPLE),), options=EncodeOptions(shard_docs=32, progress=False))
-    stream = encode_shard._InputProcess(job, encode_shard.Assignment(), TextTokenizer(load_tokenizer("splade-tiny")))
+    job = Job(inputs=(str(source),), options=EncodeOptions(shard_docs=shard_docs, progress=False))
+    return encode_shard._InputProcess(job, encode_shard.Assignment(),
+                                      load_tokenizer("splade-tiny").backend_tokenizer.to_str())
+
+
+def test_closing_the_stream_early_ends_the_input_process():
+    stream = input_process(SAMPLE)
     piece, ids, tokens, stats = next(stream)
     assert (piece.shard, piece.start, piece.rows.num_rows) == (0, 0, 32) and len(ids) == 32
     assert tokens.offsets[-1] == len(tokens.ids) and stats.digest
     stream.close()
     assert stream._process.poll() is not None and not children(_self_pid(), b"input_main")
+
+
+def test_a_killed_input_process_is_one_line_and_nothing_waits_forever(tmp_path):
+    source = tmp_path / "many.jsonl"
+    source.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}"}) + "\n" for i in range(20000)))
+    stream = input_process(source)
+    next(stream)
+    stream._process.kill()
+    with pytest.raises(LsrIndexError, match=r"ended unexpectedly \(exit code -9\); rerun the same command"):
+        for _ in stream:  # what it sent before it died, then the error
+            pass
+    stream.close()
+
+
+def test_nothing_the_input_process_prints_or_finds_in_the_directory_disturbs_it(tmp_path, monkeypatch, capfd):
+    """A sitecustomize that prints at start-up, and a struct.py in the working directory (which `python -c` would
+    put first on the path): the pieces still arrive whole."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("print('hello from sitecustomize')\n")
+    (tmp_path / "struct.py").write_text("raise ImportError('a user module named like the standard library')\n")
+    monkeypatch.setenv("PYTHONPATH", str(site))
+    monkeypatch.chdir(tmp_path)
+    stream = input_process(SAMPLE, shard_docs=150)
+    assert sum(p.rows.num_rows for p, *_ in stream) == 400 and stream.total_docs == 400
+    stream.close()
+    assert "hello from sitecustomize" in capfd.readouterr().out
+
+
+def test_a_tokenizer_with_python_parts_keeps_to_threads():
+    from tokenizers import pre_tokenizers
+
+    from lsr_index.models import load_tokenizer
+    from lsr_index.tokens import TextTokenizer
+
+    class Words:
+        def pre_tokenize(self, pretok):
+            pretok.split(lambda i, s: s.split())
+
+    backend = load_tokenizer("splade-tiny").backend_tokenizer
+    custom = type(backend).from_str(backend.to_str())
+    custom.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Words())
+    assert encode_shard._serialized(TextTokenizer(custom)) is None
+    assert encode_shard._serialized(TextTokenizer(backend)) == backend.to_str()
 
 
 def _self_pid() -> int:
