@@ -102,6 +102,17 @@ class _Stats:
         return _Stats(int(part.input, 16), part.truncated, part.longest, part.capped)
 
 
+def _put_unless_stopped(items: queue.Queue, item: object, stop: threading.Event) -> bool:
+    """Queue `item` unless the consumer closed the stream first (False: stop)."""
+    while not stop.is_set():
+        try:
+            items.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 class Prefetch(Iterator[T]):
     """Run an iterator in a background thread, started at once, so that it overlaps the consumer (and whatever the
     consumer does before its first item). `close` ends the thread when the consumer stops early."""
@@ -126,14 +137,7 @@ class Prefetch(Iterator[T]):
         self._put(self._done)
 
     def _put(self, item: object) -> bool:
-        """Queue `item` unless the consumer closed the stream first (False: stop)."""
-        while not self._stop.is_set():
-            try:
-                self._queue.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return _put_unless_stopped(self._queue, item, self._stop)
 
     def __next__(self) -> T:
         item = self._queue.get()
@@ -533,13 +537,7 @@ class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _St
             self._put(("error", f"lost the input-reading process's stream: {type(exc).__name__}: {exc}"))
 
     def _put(self, item: tuple) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._items.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return _put_unless_stopped(self._items, item, self._stop)
 
     def __next__(self) -> tuple[Piece, list[str] | None, Tokens | None, _Stats]:
         if self._ended:
