@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
 import secrets
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -19,12 +22,26 @@ def pytest_configure(config: pytest.Config) -> None:
     markexpr = config.option.markexpr or ""
     if "gpu" not in markexpr.replace("not gpu", ""):
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    if "LSR_INDEX_CACHE" not in os.environ:
+        _private_cache()
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # pytest-xdist runs a test process per core: each, and the CLI processes it starts, computes on one thread.
         # Two-thread matmuls in two processes on two cores wait on each other's descheduled threads at every
         # parallel region, and the CPU head's cache-sized blocks open one every few milliseconds.
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "RAYON_NUM_THREADS"):
             os.environ.setdefault(name, "1")
+
+
+def _private_cache() -> None:
+    """The run's own cache directory (inherited by the test processes and every process they start), sharing only the
+    user's downloaded models: what the tests make there (model identity records of temporary model directories) is
+    never left in the user's cache."""
+    user = Path.home() / ".cache" / "lsr-index"
+    (user / "models").mkdir(parents=True, exist_ok=True)
+    run = Path(tempfile.mkdtemp(prefix="lsr-index-test-cache-"))
+    (run / "models").symlink_to(user / "models", target_is_directory=True)
+    os.environ["LSR_INDEX_CACHE"] = str(run)
+    atexit.register(shutil.rmtree, run, ignore_errors=True)
 
 
 # The files that take longest, longest first (seconds in one full run here, each file on one test process): handed
