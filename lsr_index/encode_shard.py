@@ -359,12 +359,7 @@ class ShardEncoder:
                                after_each=lambda: wait([self._encoder]))
             ahead = Prefetch(read, name="read")
             try:
-                for piece, ids, texts, stats in ahead:
-                    tokens = None
-                    if texts is not None:
-                        tokens = self.tokenizer.tokenize(texts, options.doc_max_length)
-                        _add_truncation(stats, tokens.full_lengths, options.doc_max_length)
-                    yield piece, ids, tokens, stats
+                yield from tokenize_pieces(ahead, self.tokenizer, options.doc_max_length)
             finally:
                 ahead.close()
 
@@ -440,6 +435,18 @@ def read_pieces(job: EncodeJob, assignment: Assignment, stream: Iterable[Piece],
         capped = sum(len(t) >= job.max_chars for t in texts)
         yield piece, ids, texts, _Stats(input_digest(piece.start, ids, texts), capped=capped)
         after_each()
+
+
+def tokenize_pieces(items: Iterable[tuple[Piece, list[str] | None, list[str] | None, _Stats]],
+                    tokenizer: TextTokenizer, max_length: int
+                    ) -> Iterator[tuple[Piece, list[str] | None, Tokens | None, _Stats]]:
+    """read_pieces' pieces with their texts tokenized, and their truncation counted into their stats."""
+    for piece, ids, texts, stats in items:
+        tokens = None
+        if texts is not None:
+            tokens = tokenizer.tokenize(texts, max_length)
+            _add_truncation(stats, tokens.full_lengths, max_length)
+        yield piece, ids, tokens, stats
 
 
 def _reads_in_a_process(device: str) -> bool:
@@ -598,14 +605,11 @@ def input_main(out: BinaryIO) -> None:
         from tokenizers import Tokenizer
 
         tokenizer = TextTokenizer(Tokenizer.from_str(tokenizer_json))
-        reader, max_length = job.reader(), job.options.doc_max_length
-        for piece, ids, texts, stats in read_pieces(job, assignment, pieces(reader, job.options.shard_docs)):
-            tokens, rows = None, piece.rows.select([])
-            if texts is not None:
-                tokens = tokenizer.tokenize(texts, max_length)
-                _add_truncation(stats, tokens.full_lengths, max_length)
-                # the ids anew, compact: a slice of the reader's batch would pickle the whole batch's buffers
-                rows = pa.RecordBatch.from_arrays([string_array(ids)], names=["id"])
+        reader = job.reader()
+        read = read_pieces(job, assignment, pieces(reader, job.options.shard_docs))
+        for piece, ids, tokens, stats in tokenize_pieces(read, tokenizer, job.options.doc_max_length):
+            # the ids anew, compact: a slice of the reader's batch would pickle the whole batch's buffers
+            rows = piece.rows.select([]) if ids is None else pa.RecordBatch.from_arrays([string_array(ids)], ["id"])
             send("piece", Piece(piece.shard, piece.start, rows, piece.last), tokens, stats)
         send("end", reader.n_docs, skipped_records(reader))
     except BrokenPipeError:
