@@ -4,24 +4,22 @@ the pieces of its shards that are not checkpointed yet, and reports each checkpo
 shard (a Shard) through `emit`; it never touches the manifest.
 
 Within a task, reading+tokenizing, the model, and serializing+writing run in three threads; beside a GPU, reading
-and tokenizing run in a process of their own instead (_InputProcess).
+and tokenizing run in a process of their own instead (_InputProcess), and serializing in a pool of processes
+(serializers.SerializerPool).
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import multiprocessing as mp
 import os
 import pickle
 import queue
 import signal
-import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -30,21 +28,20 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 import pyarrow as pa
 
+from .children import PythonChild, send_message
 from .corpus import CorpusReader, string_array
 from .encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
 from .errors import InputError, LsrIndexError
 from .manifest import Chunk, Part, Shard
 from .quantize import SparseVectors, quantize
+from .serializers import SerializerPool
 from .tokens import TextTokenizer, Tokens
 from .writers import (
     ShardWriter,
-    SharedVocab,
     blocks,
     check_vocab,
     chunk_file,
     concatenate,
-    serialize_in_worker,
-    serializer_init,
     shard_file,
 )
 
@@ -174,7 +171,7 @@ class _ShardSink:
     """
 
     def __init__(self, out: Path, job: EncodeJob, vocab: np.ndarray, emit: Callable[[Part], None],
-                 pool: ProcessPoolExecutor | None, serializers: int, assignment: Assignment):
+                 pool: SerializerPool | None, serializers: int, assignment: Assignment):
         self.out, self.job, self.vocab, self.emit, self.assignment = out, job, vocab, emit, assignment
         self.fmt = job.options.output_format
         self.pool = pool
@@ -187,7 +184,7 @@ class _ShardSink:
         """Queue a piece's vectors; `ids=None`: the piece was checkpointed earlier, only its shard's end is news."""
         if self.error:
             raise self.error
-        payload = [(self.pool.submit(serialize_in_worker, block_ids, block, self.fmt), len(block_ids), block.nnz)
+        payload = [(self.pool.submit(block_ids, block, self.fmt), len(block_ids), block.nnz)
                    for block_ids, block in blocks(ids, vectors)] if self.pool and ids else None
         self.queue.put((piece.shard, piece.start, piece.last, ids, vectors, payload, stats))
 
@@ -267,11 +264,23 @@ class ShardEncoder:
     tokenizer and the vocabulary come first, from the tokenizer files): ~1 s of model load and ~1 s of the first
     piece used to follow each other before the first batch."""
 
-    def __init__(self, job: EncodeJob, device: str, cores: int):
-        from .models import load_tokenizer, tokenizer_terms
-
+    def __init__(self, job: EncodeJob, device: str, cores: int, reads_input: bool = True):
+        """`reads_input=False`: every run gets its pieces from the caller (a cluster's driver reads the input)."""
         if not device.startswith("cuda"):
             _reuse_freed_memory()
+        self.pool: SerializerPool | None = None
+        # the input process starts first: its interpreter and imports (~0.4 s) pass while the tokenizer, the
+        # vocabulary and the serializers are made here; `run` hands it its work
+        self._input_child = _input_child() if reads_input and _reads_in_a_process(device) else None
+        try:
+            self._setup(job, device, cores)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, job: EncodeJob, device: str, cores: int) -> None:
+        from .models import load_tokenizer, tokenizer_terms
+
         tokenizer = load_tokenizer(job.model)
         vocab = tokenizer_terms(tokenizer)[0]  # what the model's vocabulary will be: its tokenizer's terms
         check_vocab(vocab)
@@ -283,22 +292,8 @@ class ShardEncoder:
         # a GPU outpaces the JSON/gzip serialization of its vectors: half its host cores serialize beside it, in
         # processes started once (a cluster's encoder runs the task once per shard)
         self.serializers = min(8, max(1, cores // 2)) if device.startswith("cuda") else 0
-        self.pool, self.shared_vocab = None, None
-        if self.serializers and job.options.output_format != "parquet":
-            self.shared_vocab = SharedVocab(vocab)
-            try:
-                self.pool = ProcessPoolExecutor(self.serializers, mp_context=mp.get_context("spawn"),
-                                                initializer=serializer_init,
-                                                initargs=(self.shared_vocab.name, self.shared_vocab.size))
-                # started now, while the first pieces are read and encoded: the pool would otherwise start each
-                # process at a submit, and the first pieces' serialization would wait for an interpreter start
-                for _ in range(self.serializers):
-                    self.pool.submit(int)
-            except BaseException:
-                if self.pool:
-                    self.pool.shutdown(wait=False, cancel_futures=True)
-                self.shared_vocab.close()
-                raise
+        self.pool = SerializerPool(self.serializers, vocab) if self.serializers and \
+            job.options.output_format != "parquet" else None
 
     def _load(self, tokenizer: object) -> None:
         try:  # whatever fails here is raised where the encoder is first used: nothing waits forever for it
@@ -330,11 +325,12 @@ class ShardEncoder:
         return encoder
 
     def close(self) -> None:
-        """End the serializer processes, dropping queued work (after a success there is none: `run` collects every
-        result before it returns). Their exit is not waited for: it took 0.7 s at the end of an 8 s H100 run."""
+        """End the serializer processes (after a success they have no work left: `run` collects every result), and an
+        input process that no run took."""
         if self.pool:
-            self.pool.shutdown(wait=False, cancel_futures=True)
-            self.shared_vocab.close()
+            self.pool.close()
+        if self._input_child:
+            self._input_child.close()
 
     def run(self, out: Path, assignment: Assignment, emit: Callable[[Part], None],
             progress: Callable[[int, int], None], source: Iterable[Piece] | None = None) -> WorkerResult:
@@ -366,7 +362,11 @@ class ShardEncoder:
         pending: dict[int, tuple[Piece, list[str] | None, Tokens | None, _Stats, list]] = {}  # read, not yet sunk
         sink: _ShardSink | None = None
         # reading and tokenizing begin now, while the model loads
-        stream = _InputProcess(job, assignment, tokenizer_json) if child else Prefetch(tokenized(), name="tokenize")
+        spare, self._input_child = self._input_child, None  # a cluster's actor runs again: a new one then
+        if spare and not child:
+            spare.close()
+        stream = _InputProcess(job, assignment, tokenizer_json, spare) if child else \
+            Prefetch(tokenized(), name="tokenize")
 
         def to_encode() -> Iterator[tuple[int, Tokens]]:
             """The pieces with documents to encode, numbered; all pieces wait in `pending` for their turn."""
@@ -464,24 +464,6 @@ def _serialized(tokenizer: TextTokenizer) -> str | None:
 
 
 _INPUT_AHEAD = 3  # pieces the input process may hold ready ahead of the model
-# The input process's start: the parent's import path (as multiprocessing's spawn passes it), then its entry. Not
-# multiprocessing itself: its spawn re-runs the parent's main module first, and a script that imports torch and
-# transformers at its top delayed every run's first piece by ~3 s on an H100 host (benchmarks/NOTES_encode.md).
-# -P: no current directory on the path, where a user's struct.py would shadow the standard library's.
-_BOOT = """
-import os, pickle, sys
-out = os.fdopen(int(sys.argv[1]), "wb")
-try:
-    sys.path[:] = pickle.load(sys.stdin.buffer)
-    from lsr_index.encode_shard import input_main
-except EOFError:
-    os._exit(1)  # the parent is gone before it sent anything
-except BaseException as exc:
-    pickle.dump(("error", f"the input-reading process could not start: {type(exc).__name__}: {exc}"), out)
-    out.flush()
-    os._exit(1)
-input_main(out)
-"""
 
 
 class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _Stats]]):
@@ -492,26 +474,16 @@ class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _St
     a 6.7 s BERT-base run, each gap waiting for a late launch while that thread ran Python (benchmarks/gpu_busy.py).
     Here they run on other cores under another GIL (same host, alternated: 20.4k → 26.8k docs/s after start-up).
 
-    Messages come back pickled through a pipe of their own (nothing the child prints can enter it): pieces with
-    their rows reduced to the ids, then the stream's end or its error, rebuilt here as the same exception. The child
-    runs in its own process group (Ctrl-C is this process's to handle, and it ends the child) and ends when its
-    stdin does, i.e. with this process."""
+    Its messages (children.PythonChild): pieces with their rows reduced to the ids, then the stream's end or its
+    error, rebuilt here as the same exception."""
 
-    def __init__(self, job: EncodeJob, assignment: Assignment, tokenizer_json: str):
+    def __init__(self, job: EncodeJob, assignment: Assignment, tokenizer_json: str, child: PythonChild | None = None):
+        """`child`: one started ahead (_input_child), else one starts now."""
         self.total_docs, self.skipped = 0, []
         self._ended = self._finished = False  # no more items; the child sent the stream's end
         self._items: queue.Queue = queue.Queue(maxsize=_INPUT_AHEAD)
         self._stop = threading.Event()
-        read_end, write_end = os.pipe()
-        try:
-            self._process = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, str(write_end)],
-                                             stdin=subprocess.PIPE, pass_fds=(write_end,), process_group=0)
-        except OSError as exc:
-            os.close(read_end)
-            raise LsrIndexError(f"cannot start the input-reading process ({sys.executable}): {exc}") from exc
-        finally:
-            os.close(write_end)
-        self._messages = os.fdopen(read_end, "rb")
+        self._child = child or _input_child()
         try:  # both directions in threads: the set-up (XLM-R's tokenizer is 17 MB) is read once the child runs
             threading.Thread(target=self._send, args=((job, assignment, tokenizer_json),), name="input-send",
                              daemon=True).start()
@@ -522,20 +494,19 @@ class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _St
 
     def _send(self, setup: tuple) -> None:
         try:
-            pickle.dump(sys.path, self._process.stdin)
-            pickle.dump(setup, self._process.stdin)
-            self._process.stdin.flush()
+            pickle.dump(setup, self._child.stdin)
+            self._child.stdin.flush()
         except (OSError, ValueError):
             return  # it ended already: _receive reports how
         except BaseException as exc:
-            self._process.terminate()
+            self._child.process.terminate()
             self._put(("error", f"cannot hand the input-reading process its set-up: {type(exc).__name__}: {exc}"))
         # stdin stays open: its end is how the child learns that this process is gone
 
     def _receive(self) -> None:
         try:
             while True:
-                message = pickle.load(self._messages)
+                message = pickle.load(self._child.messages)
                 if not self._put(message) or message[0] != "piece":
                     return
         except (EOFError, OSError, ValueError, pickle.UnpicklingError):
@@ -562,28 +533,19 @@ class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _St
             raise InputError(*body)
         if kind == "error":
             raise LsrIndexError(body[0])
-        self._process.terminate()  # its stream broke while it may still run
-        try:
-            code = self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            code = None
+        self._child.process.terminate()  # its stream broke while it may still run
+        code = self._child.exit_code(10)
         raise LsrIndexError(f"the input-reading process ended unexpectedly (exit code {code}); rerun the same "
                             "command to resume")
 
     def close(self) -> None:
         """End the process (at once unless it already finished) and reap it."""
         self._stop.set()
-        if self._process.poll() is None and not self._finished:
-            self._process.terminate()
-        with contextlib.suppress(OSError):
-            self._process.stdin.close()
-        try:
-            self._process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self._process.kill()
-            self._process.wait()
-        with contextlib.suppress(OSError):
-            self._messages.close()
+        self._child.close(finished=self._finished)
+
+
+def _input_child() -> PythonChild:
+    return PythonChild("lsr_index.encode_shard:input_main", "the input-reading process")
 
 
 def input_main(out: BinaryIO) -> None:
@@ -592,10 +554,7 @@ def input_main(out: BinaryIO) -> None:
     or ("error", one line), pickled to `out`."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # not its to handle, even if it reaches this process group
 
-    def send(*message: object) -> None:
-        pickle.dump(message, out, protocol=pickle.HIGHEST_PROTOCOL)
-        out.flush()
-
+    send = partial(send_message, out)
     try:
         job, assignment, tokenizer_json = pickle.load(sys.stdin.buffer)
     except BaseException:

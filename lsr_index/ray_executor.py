@@ -65,7 +65,7 @@ class EncoderActor:
         torch.set_num_threads(threads)
         self.node, self.device, self.error, self.task = node, device, None, None
         try:
-            self.task = ShardEncoder(job, device, threads)
+            self.task = ShardEncoder(job, device, threads, reads_input=False)
             self.task.encoder  # noqa: B018 (waits for the model to load: ready() reports it, or why it failed)
         except Exception as exc:  # raised by ready(), where the driver waits for it
             self.error = f"{self.node}: cannot start an encoder on {device}: {_describe(exc)}"

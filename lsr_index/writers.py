@@ -117,52 +117,6 @@ def serialize(ids: Sequence[str], vectors: SparseVectors, vocab: np.ndarray, fmt
     return gzip.compress(data, compresslevel=1, mtime=0) if fmt == "jsonl.gz" else data
 
 
-_worker_vocab: np.ndarray | None = None
-
-
-class SharedVocab:
-    """The vocabulary in one shared-memory block, newline-joined (no term holds whitespace: check_vocab), for the
-    serializer processes. Passed to them as initializer arguments, a list of 30k–250k terms pickles to 0.3–3 MB,
-    more than a pipe holds: starting each spawned process then blocked the encoder until that child had started
-    Python and imported its main module (8 processes, 15 s on a 16-core H100 host). A name and a size fit."""
-
-    def __init__(self, vocab: Sequence[str]):
-        from multiprocessing import shared_memory
-
-        blob = "\n".join(vocab).encode()
-        self.size = len(blob)
-        self._block = shared_memory.SharedMemory(create=True, size=max(1, self.size))
-        self._block.buf[: self.size] = blob
-        self.name = self._block.name
-
-    def close(self) -> None:
-        """Free the block (the resource tracker frees it too if this process dies first)."""
-        self._block.close()
-        self._block.unlink()
-
-
-def serializer_init(name: str, size: int) -> None:
-    """Process-pool initializer: the vocabulary is read once per worker from a SharedVocab, not sent per chunk."""
-    from multiprocessing import shared_memory
-
-    from .children import end_with_parent
-
-    global _worker_vocab
-    end_with_parent()
-    # attaching registers the block again with the resource tracker, which a spawned child shares with its parent
-    # (a set of names: no second entry); the parent alone unlinks it, and unregisters it then
-    try:
-        block = shared_memory.SharedMemory(name=name)
-    except FileNotFoundError:  # the pool is being closed after a failure before this process started: no work comes
-        return
-    _worker_vocab = np.array(bytes(block.buf[:size]).decode().split("\n"), dtype=object)
-    block.close()
-
-
-def serialize_in_worker(ids: Sequence[str], vectors: SparseVectors, fmt: str) -> bytes:
-    return serialize(ids, vectors, _worker_vocab, fmt)
-
-
 class ShardWriter:
     """One shard open for appending; `finish` publishes it, `abort` removes the partial file.
 

@@ -95,7 +95,7 @@ PARENT = textwrap.dedent("""
     job = EncodeJob(inputs=(sys.argv[1],), options=EncodeOptions(shard_docs=64, progress=False))
     stream = _InputProcess(job, Assignment(), load_tokenizer("splade-tiny").backend_tokenizer.to_str())
     next(stream)  # started and sending; it now waits for this process to read on
-    print(stream._process.pid, flush=True)
+    print(stream._child.process.pid, flush=True)
     time.sleep(600)
 """)
 
@@ -132,7 +132,7 @@ def test_closing_the_stream_early_ends_the_input_process():
     assert (piece.shard, piece.start, piece.rows.num_rows) == (0, 0, 32) and len(ids) == 32
     assert tokens.offsets[-1] == len(tokens.ids) and stats.digest
     stream.close()
-    assert stream._process.poll() is not None and not children(_self_pid(), b"input_main")
+    assert stream._child.process.poll() is not None and not children(_self_pid(), b"input_main")
 
 
 def test_a_killed_input_process_is_one_line_and_nothing_waits_forever(tmp_path):
@@ -140,7 +140,7 @@ def test_a_killed_input_process_is_one_line_and_nothing_waits_forever(tmp_path):
     source.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}"}) + "\n" for i in range(20000)))
     stream = input_process(source)
     next(stream)
-    stream._process.kill()
+    stream._child.process.kill()
     with pytest.raises(LsrIndexError, match=r"ended unexpectedly \(exit code -9\); rerun the same command"):
         for _ in stream:  # what it sent before it died, then the error
             pass
@@ -177,6 +177,25 @@ def test_a_tokenizer_with_python_parts_keeps_to_threads():
     custom.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Words())
     assert encode_shard._serialized(TextTokenizer(custom)) is None
     assert encode_shard._serialized(TextTokenizer(backend)) == backend.to_str()
+
+
+def test_an_input_process_started_ahead_and_never_used_is_ended(monkeypatch):
+    """The encoder starts its input process before it loads anything; an encoder that fails, closes before a run,
+    or runs on pieces it is given (a cluster's driver reads) leaves none behind."""
+    from lsr_index.encode_job import EncodeJob as Job
+
+    monkeypatch.setattr(encode_shard, "_reads_in_a_process", lambda device: True)
+    job = Job(inputs=(str(SAMPLE),), options=EncodeOptions(progress=False))
+    encoder = encode_shard.ShardEncoder(job, "cpu", 1)
+    assert children(_self_pid(), b"input_main")
+    encoder.close()
+    assert not children(_self_pid(), b"input_main")
+    with pytest.raises(LsrIndexError, match="no-such-model"):
+        encode_shard.ShardEncoder(Job(inputs=(str(SAMPLE),), model="./no-such-model"), "cpu", 1)
+    assert not children(_self_pid(), b"input_main")
+    encoder = encode_shard.ShardEncoder(job, "cpu", 1, reads_input=False)
+    assert encoder._input_child is None
+    encoder.close()
 
 
 def _self_pid() -> int:
