@@ -345,28 +345,17 @@ class ShardEncoder:
         child = tokenizer_json is not None
         reader = job.reader() if source is None and not child else None
 
-        def tokenized() -> Iterator[tuple[Piece, list[str] | None, Tokens | None, _Stats]]:
-            """The pieces read ahead in a thread of their own: reading and parsing piece i+1 (Python work under the
-            GIL) runs while piece i is tokenized (in Rust, on every core, without the GIL). In one thread the two
-            added up: ~12 µs a document to read and ~20 to tokenize on 16 cores (benchmarks/NOTES_encode.md)."""
-            # one piece is read beside the model's load, no more: the load is Python work too, and reading further
-            # ahead took the GIL from it (BERT-base ready at 1.1-1.4 s instead of 0.4-0.6 s on an H200)
-            read = read_pieces(job, assignment, pieces(reader, options.shard_docs) if source is None else source,
-                               after_each=lambda: wait([self._encoder]))
-            ahead = Prefetch(read, name="read")
-            try:
-                yield from tokenize_pieces(ahead, self.tokenizer, options.doc_max_length)
-            finally:
-                ahead.close()
-
         pending: dict[int, tuple[Piece, list[str] | None, Tokens | None, _Stats, list]] = {}  # read, not yet sunk
         sink: _ShardSink | None = None
-        # reading and tokenizing begin now, while the model loads
         spare, self._input_child = self._input_child, None  # a cluster's actor runs again: a new one then
         if spare and not child:
             spare.close()
-        stream = _InputProcess(job, assignment, tokenizer_json, spare) if child else \
-            Prefetch(tokenized(), name="tokenize")
+        # reading and tokenizing begin now, while the model loads. In threads, one piece is read beside the load, no
+        # more: the load is Python work too, and reading further ahead took the GIL from it (BERT-base ready at
+        # 1.1-1.4 s instead of 0.4-0.6 s on an H200)
+        stream = _InputProcess(job, assignment, tokenizer_json, spare) if child else Prefetch(tokenized_pieces(
+            job, assignment, pieces(reader, options.shard_docs) if source is None else source, self.tokenizer,
+            after_each=lambda: wait([self._encoder])), name="tokenize")
 
         def to_encode() -> Iterator[tuple[int, Tokens]]:
             """The pieces with documents to encode, numbered; all pieces wait in `pending` for their turn."""
@@ -411,6 +400,20 @@ class ShardEncoder:
                             worker=assignment.worker, device=self.device, docs=encoder.n_docs - docs0,
                             loaded_at=self.loaded_at,
                             ready_at=ready_at or time.time(), done_at=time.time())
+
+
+def tokenized_pieces(job: EncodeJob, assignment: Assignment, stream: Iterable[Piece], tokenizer: TextTokenizer,
+                     after_each: Callable[[], object] = lambda: None
+                     ) -> Iterator[tuple[Piece, list[str] | None, Tokens | None, _Stats]]:
+    """The pieces of `stream` read (read_pieces) in a thread of their own and tokenized: reading and parsing piece
+    i+1 (Python work under the GIL) runs while piece i is tokenized (in Rust, on every core, without the GIL). In
+    one thread the two added up: ~12 µs a document to read and ~20 to tokenize on 16 cores
+    (benchmarks/NOTES_encode.md)."""
+    ahead = Prefetch(read_pieces(job, assignment, stream, after_each=after_each), name="read")
+    try:
+        yield from tokenize_pieces(ahead, tokenizer, job.options.doc_max_length)
+    finally:
+        ahead.close()
 
 
 def read_pieces(job: EncodeJob, assignment: Assignment, stream: Iterable[Piece],
@@ -565,8 +568,8 @@ def input_main(out: BinaryIO) -> None:
 
         tokenizer = TextTokenizer(Tokenizer.from_str(tokenizer_json))
         reader = job.reader()
-        read = read_pieces(job, assignment, pieces(reader, job.options.shard_docs))
-        for piece, ids, tokens, stats in tokenize_pieces(read, tokenizer, job.options.doc_max_length):
+        for piece, ids, tokens, stats in tokenized_pieces(job, assignment, pieces(reader, job.options.shard_docs),
+                                                          tokenizer):
             # the ids anew, compact: a slice of the reader's batch would pickle the whole batch's buffers
             rows = piece.rows.select([]) if ids is None else pa.RecordBatch.from_arrays([string_array(ids)], ["id"])
             send("piece", Piece(piece.shard, piece.start, rows, piece.last), tokens, stats)
