@@ -22,7 +22,7 @@ from pathlib import Path
 import orjson
 
 from .durable import atomic_write_bytes, exclusive_lock, refuse_symlink
-from .encode_job import EncodeJob, EncodeOptions
+from .encode_job import EncodeJob, EncodeOptions, pieces
 from .encode_shard import Assignment, WorkerResult
 from .errors import LsrIndexError
 from .executors import run_in_process, run_local_workers
@@ -107,7 +107,7 @@ class Plan:
         sd, extent = m.shard_docs, max(p.end for p in parts)
         sums: dict[int, dict[int, int]] = {}  # shard → digest of its documents up to each piece end
         ends: set[int] = set()  # where a shard ends: at its edge, or at the end of the stream
-        for piece in self.job.pieces():
+        for piece in pieces(self.job.reader(), sd):
             if piece.start >= extent:
                 break
             cum = sums.setdefault(piece.shard, {piece.shard * sd: 0})

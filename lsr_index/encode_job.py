@@ -70,16 +70,6 @@ class EncodeJob:
         return min(max(self.options.max_tokens // 16, 256), 16384)
 
     @property
-    def lead(self) -> int:
-        """Documents in the first piece of each shard: a GPU starts on these while the rest of the reader's first
-        batch is tokenized (the first piece is on the critical path of every run's start; the others are not)."""
-        return self.window // 8
-
-    def pieces(self, batches: Iterator[pa.RecordBatch] | CorpusReader | None = None) -> Iterator[Piece]:
-        """The job's pieces of its input stream (of `batches`, the stream read by the caller's reader)."""
-        return pieces(self.reader() if batches is None else batches, self.options.shard_docs, self.lead)
-
-    @property
     def max_chars(self) -> int:
         return self.options.doc_max_length * CHARS_PER_TOKEN
 
@@ -109,10 +99,9 @@ class Piece:
         return input_digest(self.start, self.rows.column("id").to_pylist(), self.rows.column("text").to_pylist())
 
 
-def pieces(batches: Iterator[pa.RecordBatch] | CorpusReader, shard_docs: int, lead: int = 0) -> Iterator[Piece]:
-    """The stream's batches cut at shard edges, and after the first `lead` documents of each shard; each piece knows
-    whether it ends its shard (looking one batch ahead, so that the stream's short last shard ends with its last
-    piece, not with a marker sent after the stream)."""
+def pieces(batches: Iterator[pa.RecordBatch] | CorpusReader, shard_docs: int) -> Iterator[Piece]:
+    """The stream's batches cut at shard edges, each knowing whether it ends its shard (looking one batch ahead,
+    so that the stream's short last shard ends with its last piece, not with a marker sent after the stream)."""
     position = 0
     held: tuple[int, int, pa.RecordBatch] | None = None  # the latest piece, until we know whether the stream ends
     for batch in batches:
@@ -121,8 +110,6 @@ def pieces(batches: Iterator[pa.RecordBatch] | CorpusReader, shard_docs: int, le
         while lo < position:
             shard = lo // shard_docs
             hi = min(position, (shard + 1) * shard_docs)
-            if lead and lo == shard * shard_docs and lo + lead < hi:
-                hi = lo + lead
             if held is not None:
                 yield Piece(*held, last=False)
                 held = None

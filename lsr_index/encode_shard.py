@@ -30,7 +30,7 @@ import pyarrow as pa
 
 from .children import PythonChild, send_message
 from .corpus import CorpusReader, string_array
-from .encode_job import EncodeJob, Piece, digest_hex, input_digest
+from .encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
 from .errors import InputError, LsrIndexError
 from .manifest import Chunk, Part, Shard
 from .quantize import SparseVectors, quantize
@@ -354,7 +354,7 @@ class ShardEncoder:
         # more: the load is Python work too, and reading further ahead took the GIL from it (BERT-base ready at
         # 1.1-1.4 s instead of 0.4-0.6 s on an H200)
         stream = _InputProcess(job, assignment, tokenizer_json, spare) if child else Prefetch(tokenized_pieces(
-            job, assignment, job.pieces(reader) if source is None else source, self.tokenizer,
+            job, assignment, pieces(reader, options.shard_docs) if source is None else source, self.tokenizer,
             after_each=lambda: wait([self._encoder])), name="tokenize")
 
         def to_encode() -> Iterator[tuple[int, Tokens]]:
@@ -470,7 +470,7 @@ _INPUT_AHEAD = 3  # pieces the input process may hold ready ahead of the model
 
 
 class _InputProcess(Iterator[tuple[Piece, list[str] | None, "Tokens | None", _Stats]]):
-    """The task's pieces read, digested and tokenized in a process of its own, as `tokenized_pieces` yields them.
+    """The task's pieces read, digested and tokenized in a process of its own, as `tokenized()` yields them.
 
     Beside a GPU, the thread that launches the model's kernels is the limit, and reading (JSON parsing, ~12 µs a
     document) and building token lists are Python work that took the GIL from it: on an H100 the GPU idled 2.2 s of
@@ -568,7 +568,8 @@ def input_main(out: BinaryIO) -> None:
 
         tokenizer = TextTokenizer(Tokenizer.from_str(tokenizer_json))
         reader = job.reader()
-        for piece, ids, tokens, stats in tokenized_pieces(job, assignment, job.pieces(reader), tokenizer):
+        for piece, ids, tokens, stats in tokenized_pieces(job, assignment, pieces(reader, job.options.shard_docs),
+                                                          tokenizer):
             # the ids anew, compact: a slice of the reader's batch would pickle the whole batch's buffers
             rows = piece.rows.select([]) if ids is None else pa.RecordBatch.from_arrays([string_array(ids)], ["id"])
             send("piece", Piece(piece.shard, piece.start, rows, piece.last), tokens, stats)

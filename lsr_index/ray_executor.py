@@ -31,7 +31,7 @@ from typing import Any
 
 from .durable import fsync_directory
 from .encode_corpus import Plan, planned
-from .encode_job import EncodeJob, Piece
+from .encode_job import EncodeJob, Piece, pieces
 from .encode_shard import Assignment, Prefetch, ShardEncoder, WorkerResult, skipped_records
 from .errors import LsrIndexError
 from .manifest import Manifest, Shard
@@ -198,7 +198,7 @@ class _Run:
     def go(self) -> Manifest:
         reader = self.job.reader()
         self.bar = EncodeBar(reader, self.resumed_at, self.job.options.progress)
-        shards = itertools.groupby(self.job.pieces(reader), key=lambda piece: piece.shard)
+        shards = itertools.groupby(pieces(reader, self.job.options.shard_docs), key=lambda piece: piece.shard)
         stream = Prefetch(((k, list(group)) for k, group in shards if k not in self.done), READ_AHEAD, "read")
         t0, started_at = time.perf_counter(), time.time()
         read_all = False

@@ -195,26 +195,6 @@ def test_saves_from_the_writer_thread_and_the_driver_never_interleave(tmp_path, 
     assert not overlaps and not missing, (overlaps[:5], missing[:5])
 
 
-def test_each_shard_begins_with_a_lead_piece_and_keeps_every_older_piece_edge():
-    """Pieces: reader batches cut at shard edges, and after the first `lead` documents of each shard (a GPU starts on
-    those while the rest is tokenized). A manifest's checkpoints sit at piece ends, so every end of the pieces
-    without leads must still be one."""
-    import pyarrow as pa
-
-    from lsr_index.encode_job import pieces
-
-    batches = [pa.record_batch([pa.array([f"d{i}" for i in range(lo, hi)])], names=["id"])
-               for lo, hi in ((0, 10), (10, 20), (20, 30), (30, 37))]
-    cut = lambda lead: [(p.shard, p.start, p.end, p.last) for p in pieces(iter(batches), 16, lead)]
-    assert cut(3) == [(0, 0, 3, False), (0, 3, 10, False), (0, 10, 16, True), (1, 16, 19, False), (1, 19, 20, False),
-                      (1, 20, 30, False), (1, 30, 32, True), (2, 32, 35, False), (2, 35, 37, True)]
-    assert cut(0) == [(0, 0, 10, False), (0, 10, 16, True), (1, 16, 20, False), (1, 20, 30, False),
-                      (1, 30, 32, True), (2, 32, 37, True)]
-    assert {end for _, _, end, _ in cut(0)} <= {end for _, _, end, _ in cut(3)}
-    assert [(p.start, p.end, p.last) for p in pieces(iter(batches[:1]), 16, 12)] == [(0, 10, True)]
-    assert EncodeJob(inputs=("x",), options=EncodeOptions(max_tokens=131072)).lead == 1024
-
-
 def test_fixing_a_bad_record_keeps_the_shards_before_it_and_a_changed_one_is_reencoded(tmp_path):
     lines = sample_lines()
     corpus = tmp_path / "c.jsonl"
