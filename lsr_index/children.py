@@ -60,13 +60,21 @@ class PythonChild:
         try:
             self.process = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, str(write_end), entry, what],
                                             stdin=subprocess.PIPE, pass_fds=(write_end,), process_group=0)
-        except OSError as exc:
+        except BaseException as exc:
             os.close(read_end)
-            raise LsrIndexError(f"cannot start {what} ({sys.executable}): {exc}") from exc
+            if isinstance(exc, (OSError, TypeError, ValueError)):  # TypeError: no sys.executable (embedded Python)
+                raise LsrIndexError(f"cannot start {what} ({sys.executable}): {exc}") from exc
+            raise
         finally:
             os.close(write_end)
-        self.stdin: BinaryIO = self.process.stdin
-        self.messages: BinaryIO = os.fdopen(read_end, "rb")
+        try:
+            self.stdin: BinaryIO = self.process.stdin
+            self.messages: BinaryIO = os.fdopen(read_end, "rb")
+        except BaseException:
+            os.close(read_end)
+            self.process.kill()
+            self.process.wait()
+            raise
         try:
             pickle.dump(sys.path, self.stdin)  # a few hundred bytes: the pipe takes them at once
             self.stdin.flush()
@@ -80,16 +88,16 @@ class PythonChild:
             return None
 
     def close(self, finished: bool = False) -> None:
-        """End the process (at once unless it `finished` its work and exits by itself) and reap it."""
+        """End the process (at once unless it `finished` its work and exits by itself) and reap it, then close the
+        pipes: a thread blocked writing to a stopped process holds its stdin's lock until the process is gone."""
         if self.process.poll() is None and not finished:
             self.process.terminate()
-        with contextlib.suppress(OSError):
-            self.stdin.close()
         if self.exit_code(10) is None:
             self.process.kill()
             self.process.wait()
-        with contextlib.suppress(OSError):
-            self.messages.close()
+        for pipe in (self.stdin, self.messages):
+            with contextlib.suppress(OSError):
+                pipe.close()
 
 
 def send_message(out: BinaryIO, *message: object) -> None:

@@ -60,17 +60,32 @@ class SerializerPool:
                 return future
             k = min(live, key=lambda i: len(self._waiting[i]))
             self._waiting[k].append(future)
-        self._requests[k].put((ids, vectors, fmt))
+        self._requests[k].put((future, (ids, vectors, fmt)))
         return future
 
     def _send(self, k: int) -> None:
-        stdin = self._children[k].stdin
+        child = self._children[k]
         try:
-            while (request := self._requests[k].get()) is not None:
-                pickle.dump(request, stdin, protocol=pickle.HIGHEST_PROTOCOL)
-                stdin.flush()
+            while (item := self._requests[k].get()) is not None:
+                if isinstance(item, bytes):  # the vocabulary
+                    data = pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL)
+                else:
+                    future, request = item
+                    try:
+                        data = pickle.dumps(request, protocol=pickle.HIGHEST_PROTOCOL)
+                    except Exception as exc:  # never sent, so never answered: it fails here, the order holds
+                        with self._lock:
+                            if future in self._waiting[k]:
+                                self._waiting[k].remove(future)
+                        _fail(future, f"cannot hand a serializer process its work: {type(exc).__name__}: {exc}")
+                        continue
+                child.stdin.write(data)
+                child.stdin.flush()
         except (OSError, ValueError):
             pass  # it ended, or the pool closed: _receive fails what it was asked
+        except BaseException:
+            child.process.kill()  # whatever it was, _receive then fails what this process was asked
+            raise
 
     def _receive(self, k: int) -> None:
         child, why = self._children[k], None
@@ -88,13 +103,14 @@ class SerializerPool:
                     future.set_exception(LsrIndexError(body))
         except (EOFError, OSError, ValueError, pickle.UnpicklingError):
             pass
-        why = why or (f"a serializer process ended unexpectedly (exit code {child.exit_code(1)}); rerun the same "
-                      "command to resume")
-        with self._lock:
-            self._ended[k] = why
-            left, self._waiting[k] = list(self._waiting[k]), collections.deque()
-        for future in left:
-            future.set_exception(LsrIndexError(why))
+        finally:  # whatever ended the stream: nothing asked of this process waits forever
+            why = why or (f"a serializer process ended unexpectedly (exit code {child.exit_code(1)}); rerun the "
+                          "same command to resume")
+            with self._lock:
+                self._ended[k] = why
+                left, self._waiting[k] = list(self._waiting[k]), collections.deque()
+            for future in left:
+                _fail(future, why)
 
     def close(self) -> None:
         """End the processes: their stdin closes, so each exits once it has read what it was sent; work not done
@@ -103,6 +119,11 @@ class SerializerPool:
             requests.put(None)
         for child in self._children:
             child.close()
+
+
+def _fail(future: Future, why: str) -> None:
+    if not future.done():
+        future.set_exception(LsrIndexError(why))
 
 
 def serializer_main(out: BinaryIO) -> None:
@@ -117,6 +138,6 @@ def serializer_main(out: BinaryIO) -> None:
                 send_message(out, "ok", serialize(ids, vectors, vocab, fmt))
             except Exception as exc:  # one line for the parent, whatever it was
                 send_message(out, "error", f"serializing vectors failed: {type(exc).__name__}: {exc}")
-    except (EOFError, OSError):
-        pass  # the parent closed stdin, or is gone
+    except (EOFError, OSError, pickle.UnpicklingError):
+        pass  # the parent closed stdin, or is gone (a request cut short)
     os._exit(0)

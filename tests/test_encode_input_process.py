@@ -198,6 +198,19 @@ def test_an_input_process_started_ahead_and_never_used_is_ended(monkeypatch):
     encoder.close()
 
 
+@pytest.mark.parametrize("executable", [None, "/nonexistent/python"])
+def test_a_child_that_cannot_start_is_one_line_and_leaks_no_descriptor(monkeypatch, executable):
+    import os
+
+    from lsr_index.children import PythonChild
+
+    monkeypatch.setattr(sys, "executable", executable)
+    before = len(os.listdir("/proc/self/fd"))
+    with pytest.raises(LsrIndexError, match="cannot start the input-reading process"):
+        PythonChild("lsr_index.encode_shard:input_main", "the input-reading process")
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
 def _self_pid() -> int:
     import os
 

@@ -404,6 +404,39 @@ def test_a_serializer_that_dies_fails_its_work_with_one_line_instead_of_hanging(
         pool.close()
 
 
+@pytest.mark.slow
+def test_work_that_cannot_be_sent_fails_alone_and_a_stopped_serializer_does_not_hang_close():
+    """A request that does not pickle fails its own future with one line, and the process goes on answering the
+    next ones in order. A stopped process (SIGSTOP) with a large request half written: close() still returns."""
+    import numpy as np
+
+    from lsr_index.quantize import SparseVectors
+    from lsr_index.serializers import SerializerPool
+    from lsr_index.writers import json_vector_line
+
+    one = SparseVectors(np.array([0, 1]), np.array([1], np.int32), np.array([5], np.int32))
+    pool = SerializerPool(1, ["a", "b"])
+    try:
+        bad = pool.submit([lambda: 0], one, "jsonl")
+        good = [pool.submit([f"d{i}"], one, "jsonl") for i in range(3)]
+        with pytest.raises(LsrIndexError, match=r"cannot hand a serializer process its work: .*pickle"):
+            bad.result(timeout=60)
+        assert [f.result(timeout=60) for f in good] == [json_vector_line(f"d{i}", {"b": 5}) for i in range(3)]
+        pool._children[0].process.send_signal(signal.SIGSTOP)
+        n = 300_000
+        big = SparseVectors(np.arange(n + 1), np.ones(n, np.int32), np.ones(n, np.int32))
+        stuck = pool.submit([f"d{i}" for i in range(n)], big, "jsonl")
+        time.sleep(0.5)
+        closed = threading.Thread(target=pool.close)
+        closed.start()
+        closed.join(60)
+        assert not closed.is_alive(), "close() hung on a stopped serializer"
+        with pytest.raises(LsrIndexError, match="ended unexpectedly"):
+            stuck.result(timeout=60)
+    finally:
+        pool.close()
+
+
 SERIALIZERS_PARENT = textwrap.dedent("""
     import time
     from lsr_index.quantize import SparseVectors
@@ -436,3 +469,33 @@ def test_serializers_end_with_a_killed_parent(tmp_path):
     while time.time() < deadline and any(alive(int(pid)) for pid in children):
         time.sleep(0.1)
     assert not [pid for pid in children if alive(int(pid))], "serializers outlived their parent"
+
+
+def test_a_closed_prefetch_stops_reading_and_its_thread_ends():
+    """A run that fails after its reader started (a model that does not load) must not leave the reading thread
+    blocked forever or reading on: a cluster's encoder runs many shards in one process."""
+    import itertools
+    import threading
+
+    from lsr_index.encode_shard import Prefetch
+
+    read = []
+    before = threading.active_count()
+    stream = Prefetch((read.append(i) or i for i in itertools.count()), depth=2)
+    assert [next(stream), next(stream)] == [0, 1]
+    stream.close()
+    deadline = time.time() + 10
+    while threading.active_count() > before and time.time() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before and len(read) <= 6, len(read)
+    failing = Prefetch(iter(int(x) for x in ["1", "x"]))
+    assert next(failing) == 1
+    with pytest.raises(ValueError):
+        next(failing)
+    full = Prefetch(iter(int(x) for x in ["1", "x"]), depth=1)  # the error waits behind an item nobody reads
+    time.sleep(0.3)
+    full.close()
+    deadline = time.time() + 10
+    while threading.active_count() > before and time.time() < deadline:
+        time.sleep(0.01)
+    assert threading.active_count() == before
