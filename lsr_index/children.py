@@ -1,5 +1,5 @@
-"""The one rule for the processes lsr-index spawns (encoding workers, serializers, the input process): none outlives
-its parent, and none re-runs the parent's main module."""
+"""The processes lsr-index spawns: none outlives its parent (encoding workers, serializers, the input process), and
+the serializers and the input process start as PythonChild, which never re-runs the parent's main module."""
 
 from __future__ import annotations
 

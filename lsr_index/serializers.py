@@ -2,7 +2,7 @@
 would hold the GIL the encoder's launching thread needs), so blocks of documents are serialized beside it.
 
 Each process gets the vocabulary once, then (ids, vectors, fmt) requests on its stdin, and answers each, in order,
-through its message pipe; it ends when its stdin does (closed by the pool, or by the parent's death).
+through its message pipe; the pool ends it, and it ends by itself when its stdin does (the parent's death).
 """
 
 from __future__ import annotations
@@ -113,8 +113,8 @@ class SerializerPool:
                 _fail(future, why)
 
     def close(self) -> None:
-        """End the processes: their stdin closes, so each exits once it has read what it was sent; work not done
-        yet fails (after a success there is none: the sink collects every result before it closes)."""
+        """End the processes at once; work not done yet fails (after a success there is none: the sink collects every
+        result before it closes)."""
         for requests in self._requests:
             requests.put(None)
         for child in self._children:
