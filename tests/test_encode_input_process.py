@@ -204,11 +204,21 @@ def test_a_child_that_cannot_start_is_one_line_and_leaks_no_descriptor(monkeypat
 
     from lsr_index.children import PythonChild
 
+    def open_descriptors() -> set[tuple[str, str]]:
+        """(fd, target) pairs: compared as sets, since other tests' threads may close theirs meanwhile."""
+        found = set()
+        for fd in os.listdir("/proc/self/fd"):
+            try:
+                found.add((fd, os.readlink(f"/proc/self/fd/{fd}")))
+            except OSError:  # the listing's own descriptor, or one closed since
+                pass
+        return found
+
     monkeypatch.setattr(sys, "executable", executable)
-    before = len(os.listdir("/proc/self/fd"))
+    before = open_descriptors()
     with pytest.raises(LsrIndexError, match="cannot start the input-reading process"):
         PythonChild("lsr_index.encode_shard:input_main", "the input-reading process")
-    assert len(os.listdir("/proc/self/fd")) == before
+    assert open_descriptors() - before == set()
 
 
 def _self_pid() -> int:
