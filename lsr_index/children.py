@@ -1,26 +1,24 @@
-"""The processes lsr-index spawns: none outlives its parent (encoding workers, serializers, the input process), and
-the serializers and the input process start as PythonChild, which never re-runs the parent's main module."""
+"""The processes lsr-index starts (local encoding workers, serializers, the input process): each is a PythonChild,
+which never re-runs the parent's main module, and none outlives its parent."""
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import pickle
 import subprocess
 import sys
-import threading
 from typing import BinaryIO
 
 from .errors import LsrIndexError
 
 
-def end_with_parent() -> None:
-    """Exit at once when the parent process ends (killed, or its own os._exit): an orphaned worker would write beside
-    a rerun."""
-    parent = mp.parent_process()
-    if parent is not None:
-        threading.Thread(target=lambda: (parent.join(), os._exit(1)), daemon=True).start()
+def end_with_stdin() -> None:
+    """A PythonChild's watch on its parent (run it in a daemon thread): its stdin reaches its end when the parent
+    closes it, or is gone; an orphaned child would work on, or write beside a rerun."""
+    while os.read(0, 1 << 16):
+        pass
+    os._exit(1)
 
 
 # A child's start: the parent's import path (as multiprocessing's spawn passes it), then its entry. Not

@@ -28,7 +28,7 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from .children import PythonChild, send_message
+from .children import PythonChild, end_with_stdin, send_message
 from .corpus import CorpusReader, string_array
 from .encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
 from .errors import InputError, LsrIndexError
@@ -562,7 +562,7 @@ def input_main(out: BinaryIO) -> None:
         job, assignment, tokenizer_json = pickle.load(sys.stdin.buffer)
     except BaseException:
         os._exit(1)  # the parent ended while sending
-    threading.Thread(target=_end_with_stdin, daemon=True).start()
+    threading.Thread(target=end_with_stdin, daemon=True).start()
     try:
         from tokenizers import Tokenizer
 
@@ -585,13 +585,6 @@ def input_main(out: BinaryIO) -> None:
     if sys.stderr:
         sys.stderr.flush()
     os._exit(0)  # not through the interpreter's shutdown, which a thread blocked on stdin would abort
-
-
-def _end_with_stdin() -> None:
-    """The input process's watch on its parent: stdin reaches its end when the parent closes it, or is gone."""
-    while os.read(0, 1 << 16):
-        pass
-    os._exit(1)
 
 
 def skipped_records(reader: CorpusReader) -> list[dict]:

@@ -3,14 +3,19 @@ every event back to the planner, which alone writes the manifest (ray_executor.p
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import contextlib
 import os
+import pickle
 import queue
+import signal
+import sys
+import threading
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
+from typing import BinaryIO
 
-from .children import end_with_parent
+from .children import PythonChild, end_with_stdin, send_message
 from .encode_job import EncodeJob
 from .encode_shard import Assignment, ShardEncoder, WorkerResult
 from .errors import LsrIndexError
@@ -23,41 +28,70 @@ def run_in_process(job: EncodeJob, out: Path, devices: tuple[str, ...], assignme
         return [encoder.run(out, assignment, on_part, on_progress)]
 
 
-def _worker_main(job, out, device, assignment, messages) -> None:
-    """Process entry point: everything goes back to the parent as messages."""
-    end_with_parent()
+def worker_main(out: BinaryIO) -> None:
+    """A local encoding worker (a PythonChild): (job, output, device, assignment) from stdin, then its events as
+    ("part", Part), ("progress", (docs, tokens)), ("done", WorkerResult) or ("error", one line)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends its workers
+    try:
+        job, output, device, assignment = pickle.load(sys.stdin.buffer)
+    except BaseException:
+        os._exit(1)  # the parent ended while sending
+    threading.Thread(target=end_with_stdin, daemon=True).start()
+    lock = threading.Lock()  # parts and progress come from the encoder's threads
+
+    def send(*message: object) -> None:
+        with lock:
+            send_message(out, *message)
+
     cores = max(1, (os.cpu_count() or 1) // assignment.workers)
     # the Rust tokenizer's thread pool takes every core by default: W workers would oversubscribe them W times
     os.environ.setdefault("RAYON_NUM_THREADS", str(cores))
     try:
         with closing(ShardEncoder(job, device, cores)) as encoder:
-            result = encoder.run(out, assignment, emit=lambda part: messages.put(("part", part)),
-                                 progress=lambda docs, tokens: messages.put(("progress", (docs, tokens))))
-        messages.put(("done", result))
+            result = encoder.run(output, assignment, emit=lambda part: send("part", part),
+                                 progress=lambda docs, tokens: send("progress", (docs, tokens)))
+        send("done", result)
+    except BrokenPipeError:
+        os._exit(1)  # the parent stopped reading: nobody to tell
     except LsrIndexError as exc:
-        messages.put(("error", str(exc)))
+        send("error", str(exc))
     except BaseException as exc:
-        messages.put(("error", f"worker on {device} failed: {type(exc).__name__}: {exc}"))
+        send("error", f"worker on {device} failed: {type(exc).__name__}: {exc}")
+
+
+def _relay(worker: PythonChild, inbox: queue.SimpleQueue) -> None:
+    """One worker's messages into the parent's inbox, up to its last; ("gone", what) if it ends without one."""
+    while True:
+        try:
+            message = pickle.load(worker.messages)
+        except Exception:  # EOF, or a message cut off by its death
+            inbox.put(("gone", worker.what))
+            return
+        inbox.put(message)
+        if message[0] in ("done", "error"):
+            return
 
 
 def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
                       on_part: Callable[[Part], None], on_progress: Callable[[int, int], None],
                       on_idle: Callable[[], None]) -> list[WorkerResult]:
-    """One process per device; worker w encodes shards k ≡ w (mod W)."""
-    context = mp.get_context("spawn")  # CUDA cannot be forked
-    messages = context.Queue()
-    # not daemonic: a worker starts its own serializer pool; the finally below ends them on any failure
-    procs = [context.Process(target=_worker_main, args=(job, out, d, a, messages))
-             for d, a in zip(devices, assignment.split(len(devices)))]
-    for p in procs:
-        p.start()
+    """One process per device; worker w encodes shards k ≡ w (mod W). Each starts as a PythonChild (CUDA cannot be
+    forked, and multiprocessing's spawn would run the caller's script again in each: twice the encode, from a script
+    without a main guard)."""
+    workers: list[PythonChild] = []
     results: list[WorkerResult] = []
+    inbox: queue.SimpleQueue = queue.SimpleQueue()
     try:
-        while len(results) < len(procs):
-            if any(p.exitcode not in (None, 0) for p in procs):
-                raise LsrIndexError("an encoding worker died; rerun the same command to resume")
+        for device, part in zip(devices, assignment.split(len(devices))):
+            worker = PythonChild("lsr_index.executors:worker_main", f"the encoding worker on {device}")
+            workers.append(worker)
+            with contextlib.suppress(OSError):  # dead already: its relay says so
+                pickle.dump((job, out, device, part), worker.stdin)
+                worker.stdin.flush()
+            threading.Thread(target=_relay, args=(worker, inbox), daemon=True).start()
+        while len(results) < len(workers):
             try:
-                kind, body = messages.get(timeout=1.0)
+                kind, body = inbox.get(timeout=1.0)
             except queue.Empty:
                 on_idle()
                 continue
@@ -67,11 +101,11 @@ def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assig
                 on_progress(*body)
             elif kind == "done":
                 results.append(body)
+            elif kind == "gone":
+                raise LsrIndexError(f"{body} died; rerun the same command to resume")
             else:
                 raise LsrIndexError(body)
     finally:
-        for p in procs:
-            if p.is_alive() and len(results) < len(procs):
-                p.terminate()
-            p.join()
+        for worker in workers:
+            worker.close(finished=len(results) == len(workers))
     return sorted(results, key=lambda r: r.worker)

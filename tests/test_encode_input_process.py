@@ -200,6 +200,7 @@ def test_an_input_process_started_ahead_and_never_used_is_ended(monkeypatch):
 
 @pytest.mark.parametrize("executable", [None, "/nonexistent/python"])
 def test_a_child_that_cannot_start_is_one_line_and_leaks_no_descriptor(monkeypatch, executable):
+    import contextlib
     import os
 
     from lsr_index.children import PythonChild
@@ -208,10 +209,8 @@ def test_a_child_that_cannot_start_is_one_line_and_leaks_no_descriptor(monkeypat
         """(fd, target) pairs: compared as sets, since other tests' threads may close theirs meanwhile."""
         found = set()
         for fd in os.listdir("/proc/self/fd"):
-            try:
+            with contextlib.suppress(OSError):  # the listing's own descriptor, or one closed since
                 found.add((fd, os.readlink(f"/proc/self/fd/{fd}")))
-            except OSError:  # the listing's own descriptor, or one closed since
-                pass
         return found
 
     monkeypatch.setattr(sys, "executable", executable)

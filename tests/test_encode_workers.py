@@ -1,0 +1,88 @@
+"""Local encoding workers (one process per device, `executors.run_local_workers`): each starts without re-running the
+caller's script, a worker that dies is one line, and none outlives its parent. Real processes on CPU devices."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from procs import alive, children, wait_dead
+
+SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
+
+# No main guard: multiprocessing's spawn would run all of it again in each worker.
+SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.errors import LsrIndexError
+    print("script ran", flush=True)
+    options = EncodeOptions(shard_docs=int(sys.argv[3]), output_format="jsonl", progress=False)
+    try:
+        manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cpu", "cpu"))
+    except LsrIndexError as exc:
+        print("error:", exc, flush=True)
+        sys.exit(1)
+    print("workers", manifest.stats["workers"], "docs", manifest.docs, flush=True)
+""")
+
+
+def start(tmp_path: Path, corpus: Path, shard_docs: int) -> subprocess.Popen:
+    script = tmp_path / "encode_two.py"
+    script.write_text(SCRIPT)
+    return subprocess.Popen([sys.executable, str(script), str(corpus), str(tmp_path / "vectors"), str(shard_docs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def workers_of(parent: subprocess.Popen) -> list[int]:
+    deadline = time.time() + 60
+    while time.time() < deadline and parent.poll() is None:
+        found = children(parent.pid, b"executors:worker_main")
+        if len(found) == 2:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"two workers never ran: {parent.communicate()}")
+
+
+def big_corpus(tmp_path: Path) -> Path:
+    """The sample 50 times over (20,000 documents, ids made unique): minutes of work on 2 cores."""
+    lines = SAMPLE.read_text().splitlines()
+    corpus = tmp_path / "big.jsonl"
+    corpus.write_text("".join(line.replace('{"id": "', f'{{"id": "{copy}-', 1) + "\n"
+                              for copy in range(50) for line in lines))
+    return corpus
+
+
+@pytest.mark.slow
+def test_a_script_without_a_main_guard_runs_once_with_two_workers(tmp_path):
+    parent = start(tmp_path, SAMPLE, 150)
+    out, err = parent.communicate(timeout=300)
+    assert parent.returncode == 0, err
+    assert out.splitlines() == ["script ran", "workers 2 docs 400"], (out, err)
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_one_line_and_the_other_ends_too(tmp_path):
+    parent = start(tmp_path, big_corpus(tmp_path), 1000)
+    first, second = workers_of(parent)
+    time.sleep(1.0)  # the workers loading their model
+    subprocess.run(["kill", "-9", str(first)], check=True)
+    out, err = parent.communicate(timeout=60)
+    assert parent.returncode == 1, (out, err)
+    assert out.splitlines()[-1] == "error: the encoding worker on cpu died; rerun the same command to resume", out
+    assert "Traceback" not in err, err
+    assert wait_dead(second), "the other worker outlived the run"
+
+
+@pytest.mark.slow
+def test_workers_end_with_a_killed_parent(tmp_path):
+    parent = start(tmp_path, big_corpus(tmp_path), 1000)
+    workers = workers_of(parent)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    assert all(wait_dead(pid, 30) for pid in workers), [pid for pid in workers if alive(pid)]
