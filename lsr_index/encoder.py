@@ -1,4 +1,5 @@
-"""Texts → SPLADE weights: tokenize, bucket by length under a token budget, run the body, pool with the head.
+"""Texts → SPLADE weights: tokenize, bucket by length under a token budget, run the body (on packed documents where
+the family allows it: packed_body), pool with the head.
 
 The head is `sparton.splade_max_packed`: the fused Triton kernel on CUDA, a vocabulary-chunked PyTorch
 path on CPU. Only real tokens are packed into it, so padding costs nothing in the LM head (the
@@ -16,6 +17,7 @@ import torch
 
 import sparton
 
+from . import packed_body
 from .models import SpladeModel
 from .tokens import TextTokenizer, Tokens
 
@@ -167,6 +169,21 @@ class SpladeEncoder:
         """One length bucket through the body and the head (queued, not waited for, on CUDA)."""
         seq_lens = tokens.lengths[positions]
         longest = int(seq_lens[0])
+        if self.model.packed:
+            input_ids, position_ids, cu_seqlens = self._upload(packed_body.inputs(tokens, positions, self.model.body))
+            real = packed_body.forward(self.model.body, input_ids, position_ids, cu_seqlens, longest)
+        else:
+            real, cu_seqlens = self._padded_body(tokens, positions, seq_lens, longest)
+        weights = sparton.splade_max_packed(real, self.model.weight, self.model.bias, cu_seqlens, max_seqlen=longest,
+                                            backend=self.backend, pooling=self.model.pooling,
+                                            activation=self.model.activation)
+        self.n_tokens += int(seq_lens.sum())
+        self.n_docs += len(positions)
+        return weights
+
+    def _padded_body(self, tokens: Tokens, positions: np.ndarray, seq_lens: np.ndarray, longest: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Hidden states of the real tokens [tokens, H], packed after a padded forward, and the cumulative lengths."""
         pad = self.model.tokenizer.pad_token_id or 0
         mask = np.arange(longest) < seq_lens[:, None]
         input_ids = np.full((len(positions), longest), pad, np.int64)
@@ -178,13 +195,7 @@ class SpladeEncoder:
         input_ids, mask, packed, cu_seqlens = self._upload((input_ids, mask, packed, cu_seqlens))
         with self._attention():
             hidden = self.model.body(input_ids=input_ids, attention_mask=mask.long()).logits
-        real = hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed)
-        weights = sparton.splade_max_packed(real, self.model.weight, self.model.bias, cu_seqlens, max_seqlen=longest,
-                                            backend=self.backend, pooling=self.model.pooling,
-                                            activation=self.model.activation)
-        self.n_tokens += int(seq_lens.sum())
-        self.n_docs += len(positions)
-        return weights
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, packed), cu_seqlens
 
     def _upload(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """The batch's input arrays on the model's device. On CUDA in one asynchronous copy through page-locked host

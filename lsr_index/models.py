@@ -150,6 +150,7 @@ class SpladeModel:
     vocab: list[str]  # term id -> term string written to the index
     pooling: str = "max"  # sparton's pooling and activation (sentence-transformers' SpladePooling options)
     activation: str = "log1p_relu"
+    packed: bool = False  # the body runs on packed documents (packed_body), not on padded batches
 
     @property
     def vocab_size(self) -> int:
@@ -191,6 +192,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: to
     import torch
     from transformers.utils import logging as hf_logging
 
+    from . import packed_body
+
     path = resolve_model(name_or_path)
     if name_or_path in EMBEDDED and sha256_file(path / WEIGHTS_FILE) != EMBEDDED[name_or_path].sha256:
         raise LsrIndexError(f"cached model {path} is corrupted (checksum mismatch): delete it and rerun")
@@ -207,12 +210,15 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: to
     bias = decoder.bias.detach().float() if decoder.bias is not None else torch.zeros(weight.shape[0])
     _replace_module(mlm, decoder, torch.nn.Identity())
     mlm = mlm.to(device).eval().requires_grad_(False)
+    packed = packed_body.packs(mlm, device, dtype or torch.float32)
+    if packed:
+        packed_body.pack(mlm)
     vocab, weight, bias = _align_vocab(mlm_dir, tokenizer, weight, bias)
     return SpladeModel(name=name_or_path if name_or_path in EMBEDDED else str(path), path=path, sha256=sha,
                        tokenizer=tokenizer, body=mlm, weight=weight.to(device), vocab=vocab,
                        bias=bias.to(device=device, dtype=torch.float32),
                        pooling=layout.pooling if layout else "max",
-                       activation=layout.activation if layout else "log1p_relu")
+                       activation=layout.activation if layout else "log1p_relu", packed=packed)
 
 
 def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:

@@ -52,3 +52,48 @@ def test_staged_copies_arrive_whole_while_their_buffers_are_reused():
     for arrays, tensors in zip(sent, got):
         for a, t in zip(arrays, tensors):
             assert t.device.type == "cuda" and t.shape == a.shape and np.array_equal(t.cpu().numpy(), a)
+
+
+def test_two_workers_on_one_gpu_write_what_one_writes(tmp_path):
+    """Local workers (PythonChild processes, each with its own input process and serializers) on CUDA: the same
+    shards as one worker, document for document; terms agree but where a weight sits at a rounding boundary."""
+    from pathlib import Path
+
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.writers import read_shard
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
+    job = EncodeJob(inputs=(str(sample),), options=EncodeOptions(shard_docs=150, output_format="jsonl",
+                                                                   progress=False))
+    one = encode_corpus(job, tmp_path / "one", ("cuda:0",))
+    two = encode_corpus(job, tmp_path / "two", ("cuda:0", "cuda:0"))
+    assert two.stats["workers"] == 2 and [w["docs"] for w in two.stats["per_worker"]] == [250, 150]
+    assert [(s.file, s.start, s.docs) for s in two.shards] == [(s.file, s.start, s.docs) for s in one.shards]
+    same = total = 0
+    for shard in one.shards:
+        a, b = read_shard(tmp_path / "one" / shard.file), read_shard(tmp_path / "two" / shard.file)
+        for (id_a, vec_a), (id_b, vec_b) in zip(a, b, strict=True):
+            assert id_a == id_b
+            same += len(vec_a.items() & vec_b.items())
+            total += max(len(vec_a), len(vec_b))
+    assert total > 0 and same / total > 0.99, same / total
+
+
+@pytest.mark.parametrize("kind", ["bert", "distilbert", "roberta", "xlm-roberta"])
+def test_packed_families_on_cuda_equal_the_full_masked_lm(kind, tmp_path):
+    """On CUDA in 16-bit these families run packed (variable-length flash attention): the weights must be those of
+    transformers' own padded forward in float64, for documents of many lengths batched together."""
+    from tiny_models import TEXTS, reference_weights, save_masked_lm
+
+    from lsr_index.packed_body import PACKED_FAMILIES
+
+    assert kind in PACKED_FAMILIES
+    path, mlm, tokenizer = save_masked_lm(kind, tmp_path, pickled=False, seed=3)
+    model = load_model(str(path), device="cuda", dtype=torch.float16)
+    assert model.packed
+    texts = [*TEXTS, "protein binds " * 9, "cancer", "a gene of the older adults in a trial " * 3] * 7
+    # the PyTorch head: the kernel takes hidden sizes from 64 in 16-bit, these bodies are 32 wide
+    got = SpladeEncoder(model, max_tokens=256, backend="torch").encode(texts, 24).cpu().double()
+    want = reference_weights(mlm.double(), tokenizer, texts, 24)
+    rel = ((got - want).norm() / want.norm()).item()
+    assert rel < 1e-2, rel

@@ -8,6 +8,7 @@ independently: AutoModelForMaskedLM's full forward → logits → log1p(relu) �
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -18,109 +19,21 @@ import torch
 
 os.environ["TRITON_INTERPRET"] = "1"
 
+from tiny_models import KINDS, TEXTS, reference_weights, save_masked_lm
+
 import sparton
+from lsr_index import packed_body
 from lsr_index.encoder import SpladeEncoder
 from lsr_index.errors import LsrIndexError
 from lsr_index.models import load_model
-
-WORDS = ["protein", "receptor", "binds", "cells", "gene", "cancer", "risk", "trial", "vitamin", "fracture", "neurons",
-         "disease", "mutation", "the", "a", "of", "in", "and", "with", "to", "patients", "older", "adults",
-         "randomized"]
-TEXTS = ["a protein binds the receptor", "x", "Vitamin D and fracture risk in older adults " * 4,
-         "gene mutation of cancer cells", "the"]
-BERT_LIKE = ("bert", "distilbert")
-
-
-def _tokenizer(kind: str):
-    """A small WordPiece ([CLS] … [SEP]) or byte-level BPE (<s> … </s>) tokenizer, built offline."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    if kind in BERT_LIKE:
-        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-        letters = sorted(set("".join(WORDS)) | set("xdD"))
-        vocab = list(dict.fromkeys([*specials, *WORDS, *letters, *(f"##{c}" for c in letters)]))
-        tok = Tokenizer(models.WordPiece({t: i for i, t in enumerate(vocab)}, unk_token="[UNK]"))
-        tok.normalizer = normalizers.BertNormalizer(lowercase=True)
-        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-        tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
-                                                                                                    ("[SEP]", 3)])
-        return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]",
-                                       cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-    specials = ["<s>", "<pad>", "</s>", "<unk>", "<mask>"]
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator([" ".join(WORDS)] * 4 + TEXTS, trainer)
-    tok.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 0),
-                                                                                           ("</s>", 2)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", pad_token="<pad>", eos_token="</s>",
-                                   unk_token="<unk>", mask_token="<mask>", cls_token="<s>", sep_token="</s>")
-
-
-def _config(kind: str, vocab: int):
-    from transformers import BertConfig, DistilBertConfig, ModernBertConfig, RobertaConfig, XLMRobertaConfig
-
-    common = {"vocab_size": vocab, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-              "intermediate_size": 48, "max_position_embeddings": 66}
-    if kind == "bert":
-        return BertConfig(**common)
-    if kind == "distilbert":
-        return DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=2, hidden_dim=48,
-                                max_position_embeddings=64)
-    if kind == "roberta":
-        return RobertaConfig(**common, pad_token_id=1, bos_token_id=0, eos_token_id=2)
-    if kind == "xlm-roberta":
-        return XLMRobertaConfig(**common, pad_token_id=1, bos_token_id=0, eos_token_id=2)
-    return ModernBertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
-                            intermediate_size=48, max_position_embeddings=64, global_attn_every_n_layers=2,
-                            local_attention=8, pad_token_id=1, bos_token_id=0, eos_token_id=2, cls_token_id=0,
-                            sep_token_id=2, decoder_bias=True)
-
-
-KINDS = ("bert", "distilbert", "roberta", "xlm-roberta", "modernbert")
-
-
-def _save(kind: str, root, *, pickled: bool, extra_rows: int = 0, seed: int = 0):
-    """A random masked LM of `kind` with its tokenizer in root/kind-{safetensors|bin}; returns the directory."""
-    from safetensors.torch import save_file
-    from transformers import AutoModelForMaskedLM
-
-    tokenizer = _tokenizer(kind)
-    torch.manual_seed(seed)
-    mlm = AutoModelForMaskedLM.from_config(_config(kind, len(tokenizer) + extra_rows)).eval()
-    with torch.no_grad():
-        for p in mlm.parameters():  # biases and norms random too: a lost bias or transform must show
-            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.2))
-    target = root / f"{kind}-{'bin' if pickled else 'safetensors'}"
-    mlm.config.save_pretrained(target)
-    tokenizer.save_pretrained(target)
-    state = {k: v.contiguous() for k, v in mlm.state_dict().items()}
-    if pickled:
-        torch.save(state, target / "pytorch_model.bin")
-    else:  # shared (tied) tensors stored once per name, as save_pretrained writes them
-        save_file({k: v.clone() for k, v in state.items()}, target / "model.safetensors")
-    return target, mlm, tokenizer
-
-
-def _reference(mlm, tokenizer, texts, max_length, activation="log1p_relu", pooling="max"):
-    batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
-    with torch.no_grad():
-        logits = mlm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.double()
-    weights = torch.log1p(torch.relu(logits))
-    if activation == "log1p_log1p_relu":
-        weights = torch.log1p(weights)
-    weights = weights * batch["attention_mask"][..., None]
-    return weights.sum(dim=1) if pooling == "sum" else weights.amax(dim=1)
+from lsr_index.packed_body import PACKED_FAMILIES
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_untruncated_lengths_come_from_the_one_tokenization(kind, tmp_path):
     """Truncation is reported from the lengths the tokenizer saw before cutting: they must equal an
     untruncated tokenization's, special tokens included, for texts below, at and far past the limit."""
-    path, _, tokenizer = _save(kind, tmp_path, pickled=False)
+    path, _, tokenizer = save_masked_lm(kind, tmp_path, pickled=False)
     encoder = SpladeEncoder(load_model(str(path)), backend="torch")
     texts = [*TEXTS, "protein " * 9, "Vitamin D and fracture risk in older adults " * 40, ""]
     for limit in (3, 8, 24, 4096):
@@ -138,38 +51,62 @@ needs_interpreter = pytest.mark.skipif(
 @pytest.mark.parametrize("pickled", [False, True], ids=["safetensors", "bin"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_family_cpu_path_equals_the_full_masked_lm(kind, pickled, tmp_path):
-    path, mlm, tokenizer = _save(kind, tmp_path, pickled=pickled)
+    path, mlm, tokenizer = save_masked_lm(kind, tmp_path, pickled=pickled)
     model = load_model(str(path))
     protein = tokenizer(" protein", add_special_tokens=False)["input_ids"][0]
     assert model.vocab_size == len(tokenizer) and model.vocab[protein] == tokenizer.convert_ids_to_tokens(protein)
     got = SpladeEncoder(model, max_tokens=40, backend="torch").encode(TEXTS, max_length=24)
-    torch.testing.assert_close(got.double(), _reference(mlm, tokenizer, TEXTS, 24), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, TEXTS, 24), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", sorted(PACKED_FAMILIES))
+def test_family_packed_body_equals_the_full_masked_lm(kind, tmp_path):
+    """The families that run packed on a GPU, run packed here: one sequence of all the batch's documents, position
+    ids restarting at each (after the padding index for RoBERTa's kind), attention document by document."""
+    path, mlm, tokenizer = save_masked_lm(kind, tmp_path, pickled=False, seed=2)
+    model = load_model(str(path))
+    assert not model.packed  # on CPU the body stays padded
+    packed_body.pack(model.body)
+    packed = dataclasses.replace(model, packed=True)
+    texts = [*TEXTS, "protein binds " * 9, "cancer", "a gene of the older adults in a trial " * 3]
+    got = SpladeEncoder(packed, max_tokens=64, backend="torch").encode(texts, max_length=24)
+    torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, texts, 24), rtol=1e-4, atol=1e-4)
+    with pytest.raises(RuntimeError, match="without its documents' bounds"):
+        packed.body(input_ids=torch.tensor([[5, 6, 7]]))
+
+
+def test_families_outside_the_packed_list_stay_padded(tmp_path):
+    """ModernBERT's local attention windows are not what the packed attention computes: it must never pack."""
+    path, _, _ = save_masked_lm("modernbert", tmp_path, pickled=False)
+    body = load_model(str(path)).body
+    assert "modernbert" not in PACKED_FAMILIES
+    assert not packed_body.packs(body, "cuda", torch.bfloat16) and not packed_body.packs(body, "cpu", torch.bfloat16)
 
 
 @pytest.mark.slow  # about 7 s each under the interpreter
 @needs_interpreter
 @pytest.mark.parametrize("kind", KINDS)
 def test_family_triton_kernel_equals_the_full_masked_lm(kind, tmp_path):
-    path, mlm, tokenizer = _save(kind, tmp_path, pickled=False, seed=1)
+    path, mlm, tokenizer = save_masked_lm(kind, tmp_path, pickled=False, seed=1)
     model = load_model(str(path))
     got = SpladeEncoder(model, max_tokens=40, backend="triton").encode(TEXTS, max_length=24)
-    torch.testing.assert_close(got.double(), _reference(mlm, tokenizer, TEXTS, 24), rtol=3e-4, atol=3e-4)
+    torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, TEXTS, 24), rtol=3e-4, atol=3e-4)
 
 
 def test_decoder_rows_past_the_tokenizer_are_dropped(tmp_path):
     """ModernBERT-style: the decoder is padded past the tokenizer (as 50,368 rows for 50,280 tokens)."""
-    path, mlm, tokenizer = _save("modernbert", tmp_path, pickled=False, extra_rows=13)
+    path, mlm, tokenizer = save_masked_lm("modernbert", tmp_path, pickled=False, extra_rows=13)
     model = load_model(str(path))
     assert model.vocab_size == len(tokenizer) and len(model.vocab) == model.vocab_size
     got = SpladeEncoder(model, backend="torch").encode(TEXTS, max_length=24)
-    torch.testing.assert_close(got.double(), _reference(mlm, tokenizer, TEXTS, 24)[:, :len(tokenizer)],
+    torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, TEXTS, 24)[:, :len(tokenizer)],
                                rtol=1e-4, atol=1e-4)
 
 
 def test_decoder_rows_without_a_token_are_never_emitted(tmp_path):
     """A hole inside the tokenizer's range (an id no term maps to) gets a -inf bias, so it weighs 0 whatever its
     logits, and a placeholder term (the index's vocabulary has no empty term)."""
-    path, _, _ = _save("bert", tmp_path, pickled=False)
+    path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
     spec = json.loads((path / "tokenizer.json").read_text())
     vocab = spec["model"]["vocab"]
     hole = vocab.pop("protein")  # the id stays inside the range, but no term maps to it any more
@@ -180,7 +117,7 @@ def test_decoder_rows_without_a_token_are_never_emitted(tmp_path):
 
 
 def test_token_ids_past_the_decoder_are_refused(tmp_path):
-    path, _, tokenizer = _save("bert", tmp_path, pickled=False)
+    path, _, tokenizer = save_masked_lm("bert", tmp_path, pickled=False)
     config = json.loads((path / "config.json").read_text())
     config["vocab_size"] -= 5
     (path / "config.json").write_text(json.dumps(config))
@@ -194,7 +131,7 @@ def test_token_ids_past_the_decoder_are_refused(tmp_path):
 
 
 def test_not_a_masked_lm_is_refused(tmp_path):
-    path, _, _ = _save("bert", tmp_path, pickled=False)
+    path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
     config = json.loads((path / "config.json").read_text())
     config["model_type"] = "gpt2"
     (path / "config.json").write_text(json.dumps(config))
@@ -233,29 +170,29 @@ def _sentence_transformers(path, pooling: dict | None, transformer: str = "MLMTr
 
 @pytest.mark.parametrize(("pooling", "activation"), [("max", "relu"), ("max", "log1p_relu"), ("sum", "relu")])
 def test_sentence_transformers_directory_honours_its_pooling(tmp_path, pooling, activation):
-    path, mlm, tokenizer = _save("distilbert", tmp_path, pickled=False)
+    path, mlm, tokenizer = save_masked_lm("distilbert", tmp_path, pickled=False)
     _sentence_transformers(path, {"pooling_strategy": pooling, "activation_function": activation,
                                   "word_embedding_dimension": len(tokenizer)})
     model = load_model(str(path))
     ours = "log1p_log1p_relu" if activation == "log1p_relu" else "log1p_relu"
     assert (model.pooling, model.activation) == (pooling, ours)
     got = SpladeEncoder(model, max_tokens=40, backend="torch").encode(TEXTS, max_length=24)
-    torch.testing.assert_close(got.double(), _reference(mlm, tokenizer, TEXTS, 24, ours, pooling),
+    torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, TEXTS, 24, ours, pooling),
                                rtol=1e-4, atol=1e-4)
 
 
 def test_sentence_transformers_fill_mask_transformer_and_defaults(tmp_path):
-    path, mlm, tokenizer = _save("roberta", tmp_path, pickled=True)
+    path, mlm, tokenizer = save_masked_lm("roberta", tmp_path, pickled=True)
     _sentence_transformers(path, None, transformer="Transformer")
     model = load_model(str(path))
     assert (model.pooling, model.activation) == ("max", "log1p_relu")
     got = SpladeEncoder(model, backend="torch").encode(TEXTS, max_length=24)
-    torch.testing.assert_close(got.double(), _reference(mlm, tokenizer, TEXTS, 24), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, TEXTS, 24), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("damage", ["module", "lowercase", "activation", "not fill-mask"])
 def test_sentence_transformers_directories_it_cannot_honour_are_refused(tmp_path, damage):
-    path, _, _ = _save("bert", tmp_path, pickled=False)
+    path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
     _sentence_transformers(path, {"activation_function": "softplus" if damage == "activation" else "relu"},
                            transformer="Transformer" if damage == "not fill-mask" else "MLMTransformer")
     if damage == "module":

@@ -1,0 +1,84 @@
+"""The transformer body on packed documents: a batch's real tokens as one sequence, attention kept inside each
+document by variable-length flash attention (`torch.nn.attention.varlen`).
+
+Why: a padded batch computes every layer on its padding too (7 % of the tokens of a BERT-base run on 8,192-document
+pieces, benchmarks/NOTES_encode.md), and transformers checks a padded batch's attention mask on the host, which
+waits for the GPU once a forward. Packed, the body does only the real tokens' work, and the head already takes
+them packed (`sparton.splade_max_packed`).
+
+Families are admitted by name, each checked against its padded body (tests/test_models_families.py): their layers
+mix tokens only in attention, which goes through transformers' attention interface, and they take position ids.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .tokens import Tokens
+
+PACKED_FAMILIES = frozenset({"bert", "distilbert", "roberta", "xlm-roberta"})
+_POSITIONS_AFTER_PADDING = frozenset({"roberta", "xlm-roberta"})  # their positions start at padding_idx + 1
+_NAME = "lsr_index_packed"  # this module's entry in transformers' attention interface
+
+
+def packs(mlm: torch.nn.Module, device: str | torch.device, dtype: torch.dtype) -> bool:
+    """Whether `mlm` on `device` in `dtype` runs packed: a family above, on CUDA in 16-bit (flash attention's), with
+    a PyTorch that has variable-length attention."""
+    if torch.device(device).type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    try:
+        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
+    except ImportError:
+        return False
+    return mlm.config.model_type in PACKED_FAMILIES
+
+
+def pack(mlm: torch.nn.Module) -> None:
+    """Route `mlm`'s attention through the packed attention; from then on call it only through `forward`."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(_NAME, _packed_attention)
+    mlm.set_attn_implementation(_NAME)
+
+
+def inputs(tokens: Tokens, positions: np.ndarray, mlm: torch.nn.Module) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(token ids, position ids, cumulative lengths) of texts `positions`, packed in that order."""
+    lengths = tokens.lengths[positions]
+    cu_seqlens = np.zeros(len(positions) + 1, np.int32)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    first = mlm.config.pad_token_id + 1 if mlm.config.model_type in _POSITIONS_AFTER_PADDING else 0
+    position_ids = np.arange(cu_seqlens[-1], dtype=np.int64) - np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
+    return tokens.gather(positions).astype(np.int64), position_ids + first, cu_seqlens
+
+
+def forward(mlm: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor,
+            longest: int) -> torch.Tensor:
+    """Hidden states [tokens, H] of the packed documents (`inputs`, on the model's device)."""
+    extra = {"token_type_ids": torch.zeros_like(input_ids[None])} if getattr(mlm.config, "type_vocab_size", 0) else {}
+    return mlm(input_ids=input_ids[None], position_ids=position_ids[None], cu_seq_lens_q=cu_seqlens,
+               cu_seq_lens_k=cu_seqlens, max_length_q=longest, max_length_k=longest, **extra).logits[0]
+
+
+def _packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+                      **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention interface on one packed sequence: [1, heads, T, d] in, [1, T, heads, d] out."""
+    cu_seqlens = kwargs.get("cu_seq_lens_q")
+    if cu_seqlens is None:
+        raise RuntimeError("a packed model was called without its documents' bounds: use packed_body.forward")
+    q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, d]: the projections' own layout
+    if q.is_cuda:
+        from torch.nn.attention.varlen import varlen_attn
+
+        longest = kwargs["max_length_q"]
+        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, scale=scaling)[None], None
+    out = torch.empty_like(q)  # document by document: where flash attention is not (the tests' CPU check)
+    bounds = cu_seqlens.tolist()
+    for lo, hi in itertools.pairwise(bounds):
+        out[lo:hi] = F.scaled_dot_product_attention(*(t[lo:hi].transpose(0, 1) for t in (q, k, v)),
+                                                    scale=scaling).transpose(0, 1)
+    return out[None], None
