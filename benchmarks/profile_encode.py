@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_encode import make_model, synthetic_corpus, words_from
 
 import sparton
+from lsr_index import packed_body
 from lsr_index.encoder import SpladeEncoder, length_buckets
 from lsr_index.models import load_model, resolve_model
 from lsr_index.quantize import Quantization, quantize
@@ -118,33 +119,41 @@ def main() -> None:
     packed = torch.from_numpy(np.flatnonzero(mask.ravel())).to(device)
     cu = torch.from_numpy(np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)).to(device)
     longest, real_tokens = int(lengths.max()), int(lengths.sum())
+    body_tokens = real_tokens if model.packed else ids.size  # the tokens the body computes
     with torch.inference_mode():
-        body = lambda: model.body(input_ids=ids_t, attention_mask=mask_t).logits
-        real = body().reshape(-1, hidden_size).index_select(0, packed)
+        if model.packed:  # the encoder's path for this family on this device (packed_body)
+            p_ids, p_pos, p_cu = (torch.from_numpy(a).to(device)
+                                  for a in packed_body.inputs(tokens, positions, model.body))
+            body = lambda: packed_body.forward(model.body, p_ids, p_pos, p_cu, longest)
+            real = body()
+        else:
+            body = lambda: model.body(input_ids=ids_t, attention_mask=mask_t).logits
+            real = body().reshape(-1, hidden_size).index_select(0, packed)
         head = lambda: sparton.splade_max_packed(real, model.weight, model.bias, cu, max_seqlen=longest)
         weights = head()
         t_body, t_head = ms(body), ms(head)
         t_quant = ms(lambda: quantize(weights, Quantization()))
         per_layer = 4 * hidden_size**2 + 2 * hidden_size * config.intermediate_size
-        flop = 2 * ids.size * config.num_hidden_layers * per_layer
-        print(f"batch: {len(positions)} docs x {longest} = {ids.size} padded, {real_tokens} real tokens\n"
-              f"  body {t_body:.2f} ms ({rate(flop, t_body)} on padded tokens) | head {t_head:.2f} ms "
+        flop = 2 * body_tokens * config.num_hidden_layers * per_layer
+        print(f"batch: {len(positions)} docs x {longest} = {ids.size} padded, {real_tokens} real tokens; body "
+              f"{'packed' if model.packed else 'padded'}\n"
+              f"  body {t_body:.2f} ms ({rate(flop, t_body)} on the tokens it computes) | head {t_head:.2f} ms "
               f"({rate(2 * real_tokens * hidden_size * model.vocab_size, t_head)}) | "
               f"quantize {t_quant:.2f} ms", flush=True)
         inner = config.intermediate_size
         for k, n in ((hidden_size, hidden_size), (hidden_size, 3 * hidden_size), (hidden_size, inner),
                      (inner, hidden_size)):
-            a = torch.randn(ids.size, k, device=device, dtype=dtype)
+            a = torch.randn(body_tokens, k, device=device, dtype=dtype)
             w = torch.randn(n, k, device=device, dtype=dtype)
             t = ms(lambda a=a, w=w: F.linear(a, w))
-            print(f"  linear [{ids.size},{k}]x[{k},{n}]: {t:.3f} ms, {rate(2 * ids.size * k * n, t)}")
+            print(f"  linear [{body_tokens},{k}]x[{k},{n}]: {t:.3f} ms, {rate(2 * body_tokens * k * n, t)}")
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
         with profile(activities=activities) as prof:
             body()
             sync()
         print(prof.key_averages().table(sort_by="cuda_time_total" if gpu else "cpu_time_total", row_limit=22,
                                         max_name_column_width=70))
-        if gpu:
+        if gpu and not model.packed:
             from torch.nn.attention import SDPBackend, sdpa_kernel
 
             for name, backend in (("efficient", SDPBackend.EFFICIENT_ATTENTION),
@@ -153,11 +162,10 @@ def main() -> None:
                     print(f"sdpa {name}: body {ms(body):.2f} ms", flush=True)
         if args.compile:
             t0 = time.perf_counter()
-            compiled = torch.compile(model.body, dynamic=True)
-            compiled(input_ids=ids_t, attention_mask=mask_t)
+            compiled = torch.compile(body, dynamic=True)
+            compiled()
             sync()
-            print(f"compile took {time.perf_counter() - t0:.1f} s; compiled body "
-                  f"{ms(lambda: compiled(input_ids=ids_t, attention_mask=mask_t).logits):.2f} ms", flush=True)
+            print(f"compile took {time.perf_counter() - t0:.1f} s; compiled body {ms(compiled):.2f} ms", flush=True)
 
 
 if __name__ == "__main__":

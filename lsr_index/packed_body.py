@@ -26,15 +26,26 @@ _NAME = "lsr_index_packed"  # this module's entry in transformers' attention int
 
 
 def packs(mlm: torch.nn.Module, device: str | torch.device, dtype: torch.dtype) -> bool:
-    """Whether `mlm` on `device` in `dtype` runs packed: a family above, on CUDA in 16-bit (flash attention's), with
-    a PyTorch that has variable-length attention."""
+    """Whether `mlm` on `device` in `dtype` runs packed: a family above as an encoder (a decoder's causal attention
+    is not what the packed attention computes), whose transformers class takes custom attention (from transformers
+    5; 4.x's BERT does not), on CUDA in 16-bit with heads flash attention takes (sizes a multiple of 8, up to 256),
+    and a PyTorch that has variable-length attention."""
+    config = mlm.config
     if torch.device(device).type != "cuda" or dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if config.model_type not in PACKED_FAMILIES or getattr(config, "is_decoder", False):
+        return False
+    if not getattr(type(mlm), "_supports_attention_backend", False):
+        return False
+    heads = getattr(config, "num_attention_heads", None) or config.n_heads  # DistilBERT's name
+    width = getattr(config, "hidden_size", None) or config.dim
+    if width % heads or (width // heads) % 8 or width // heads > 256:
         return False
     try:
         from torch.nn.attention.varlen import varlen_attn  # noqa: F401
     except ImportError:
         return False
-    return mlm.config.model_type in PACKED_FAMILIES
+    return True
 
 
 def pack(mlm: torch.nn.Module) -> None:
@@ -46,13 +57,21 @@ def pack(mlm: torch.nn.Module) -> None:
 
 
 def inputs(tokens: Tokens, positions: np.ndarray, mlm: torch.nn.Module) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(token ids, position ids, cumulative lengths) of texts `positions`, packed in that order."""
+    """(token ids, position ids, cumulative lengths) of texts `positions`, packed in that order. Position ids are
+    what the family computes for a padded row: 0, 1, ... for BERT's kind; for RoBERTa's, padding_idx + 1, ... counting
+    only tokens that are not the padding id, which keep padding_idx (a text may hold a literal "<pad>")."""
     lengths = tokens.lengths[positions]
     cu_seqlens = np.zeros(len(positions) + 1, np.int32)
     np.cumsum(lengths, out=cu_seqlens[1:])
-    first = mlm.config.pad_token_id + 1 if mlm.config.model_type in _POSITIONS_AFTER_PADDING else 0
-    position_ids = np.arange(cu_seqlens[-1], dtype=np.int64) - np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
-    return tokens.gather(positions).astype(np.int64), position_ids + first, cu_seqlens
+    ids = tokens.gather(positions).astype(np.int64)
+    starts = np.repeat(cu_seqlens[:-1].astype(np.int64), lengths)
+    if mlm.config.model_type not in _POSITIONS_AFTER_PADDING:
+        return ids, np.arange(len(ids), dtype=np.int64) - starts, cu_seqlens
+    pad = mlm.config.pad_token_id
+    counted = ids != pad
+    before = np.concatenate([[0], np.cumsum(counted)])  # counted tokens before each packed token
+    position_ids = np.where(counted, before[1:] - before[starts] + pad, pad)
+    return ids, position_ids, cu_seqlens
 
 
 def forward(mlm: torch.nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor, cu_seqlens: torch.Tensor,

@@ -19,7 +19,7 @@ import torch
 
 os.environ["TRITON_INTERPRET"] = "1"
 
-from tiny_models import KINDS, TEXTS, reference_weights, save_masked_lm
+from tiny_models import KINDS, TEXTS, config_for, reference_weights, save_masked_lm, sentence_transformers_dir
 
 import sparton
 from lsr_index import packed_body
@@ -68,19 +68,34 @@ def test_family_packed_body_equals_the_full_masked_lm(kind, tmp_path):
     assert not model.packed  # on CPU the body stays padded
     packed_body.pack(model.body)
     packed = dataclasses.replace(model, packed=True)
-    texts = [*TEXTS, "protein binds " * 9, "cancer", "a gene of the older adults in a trial " * 3]
+    pad = tokenizer.pad_token  # a literal one in the text: RoBERTa's kind gives it the padding position
+    texts = [*TEXTS, "protein binds " * 9, "cancer", "a gene of the older adults in a trial " * 3,
+             f"a protein {pad} binds {pad}{pad} the receptor"]
+    assert tokenizer.pad_token_id in tokenizer(texts[-1])["input_ids"]
     got = SpladeEncoder(packed, max_tokens=64, backend="torch").encode(texts, max_length=24)
     torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, texts, 24), rtol=1e-4, atol=1e-4)
     with pytest.raises(RuntimeError, match="without its documents' bounds"):
         packed.body(input_ids=torch.tensor([[5, 6, 7]]))
 
 
-def test_families_outside_the_packed_list_stay_padded(tmp_path):
-    """ModernBERT's local attention windows are not what the packed attention computes: it must never pack."""
-    path, _, _ = save_masked_lm("modernbert", tmp_path, pickled=False)
-    body = load_model(str(path)).body
-    assert "modernbert" not in PACKED_FAMILIES
-    assert not packed_body.packs(body, "cuda", torch.bfloat16) and not packed_body.packs(body, "cpu", torch.bfloat16)
+def test_only_what_the_packed_attention_computes_is_packed():
+    """Packed on CUDA in 16-bit only: an encoder of a listed family whose heads flash attention takes. ModernBERT's
+    local attention windows, a decoder's causal attention and heads of 18 are not what it computes."""
+    from transformers import AutoModelForMaskedLM
+
+    def body(kind: str, **changes) -> torch.nn.Module:
+        config = config_for(kind, 100)
+        for name, value in changes.items():
+            setattr(config, name, value)
+        return AutoModelForMaskedLM.from_config(config)
+
+    bert = body("bert")
+    assert packed_body.packs(bert, "cuda", torch.bfloat16) and packed_body.packs(bert, "cuda:1", torch.float16)
+    assert not packed_body.packs(bert, "cpu", torch.bfloat16) and not packed_body.packs(bert, "cuda", torch.float32)
+    assert all(packed_body.packs(body(kind), "cuda", torch.bfloat16) for kind in PACKED_FAMILIES)
+    assert "modernbert" not in PACKED_FAMILIES and not packed_body.packs(body("modernbert"), "cuda", torch.bfloat16)
+    assert not packed_body.packs(body("roberta", is_decoder=True), "cuda", torch.bfloat16)
+    assert not packed_body.packs(body("bert", hidden_size=36), "cuda", torch.bfloat16)  # 2 heads of 18
 
 
 @pytest.mark.slow  # about 7 s each under the interpreter
@@ -152,26 +167,10 @@ def test_interpreter_tests_in_subprocess():
 # ---------------------------------------------------------------- sentence-transformers SparseEncoder directories
 
 
-def _sentence_transformers(path, pooling: dict | None, transformer: str = "MLMTransformer"):
-    """Turn a masked-LM directory into a SparseEncoder directory: the transformer saved in the root, as
-    sentence-transformers saves it, and SpladePooling in a subfolder."""
-    base = "sentence_transformers.sparse_encoder.models" if transformer == "MLMTransformer" else \
-        "sentence_transformers.models"
-    modules = [{"idx": 0, "name": "0", "path": "", "type": f"{base}.{transformer}"},
-               {"idx": 1, "name": "1", "path": "1_SpladePooling",
-                "type": "sentence_transformers.sparse_encoder.models.SpladePooling"}]
-    (path / "modules.json").write_text(json.dumps(modules))
-    (path / "sentence_bert_config.json").write_text(json.dumps(
-        {"max_seq_length": 64, "do_lower_case": False,
-         **({"transformer_task": "fill-mask"} if transformer == "Transformer" else {})}))
-    (path / "1_SpladePooling").mkdir()
-    (path / "1_SpladePooling" / "config.json").write_text(json.dumps(pooling or {}))
-
-
 @pytest.mark.parametrize(("pooling", "activation"), [("max", "relu"), ("max", "log1p_relu"), ("sum", "relu")])
 def test_sentence_transformers_directory_honours_its_pooling(tmp_path, pooling, activation):
     path, mlm, tokenizer = save_masked_lm("distilbert", tmp_path, pickled=False)
-    _sentence_transformers(path, {"pooling_strategy": pooling, "activation_function": activation,
+    sentence_transformers_dir(path, {"pooling_strategy": pooling, "activation_function": activation,
                                   "word_embedding_dimension": len(tokenizer)})
     model = load_model(str(path))
     ours = "log1p_log1p_relu" if activation == "log1p_relu" else "log1p_relu"
@@ -183,7 +182,7 @@ def test_sentence_transformers_directory_honours_its_pooling(tmp_path, pooling, 
 
 def test_sentence_transformers_fill_mask_transformer_and_defaults(tmp_path):
     path, mlm, tokenizer = save_masked_lm("roberta", tmp_path, pickled=True)
-    _sentence_transformers(path, None, transformer="Transformer")
+    sentence_transformers_dir(path, None, transformer="Transformer")
     model = load_model(str(path))
     assert (model.pooling, model.activation) == ("max", "log1p_relu")
     got = SpladeEncoder(model, backend="torch").encode(TEXTS, max_length=24)
@@ -193,7 +192,7 @@ def test_sentence_transformers_fill_mask_transformer_and_defaults(tmp_path):
 @pytest.mark.parametrize("damage", ["module", "lowercase", "activation", "not fill-mask"])
 def test_sentence_transformers_directories_it_cannot_honour_are_refused(tmp_path, damage):
     path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
-    _sentence_transformers(path, {"activation_function": "softplus" if damage == "activation" else "relu"},
+    sentence_transformers_dir(path, {"activation_function": "softplus" if damage == "activation" else "relu"},
                            transformer="Transformer" if damage == "not fill-mask" else "MLMTransformer")
     if damage == "module":
         modules = json.loads((path / "modules.json").read_text())

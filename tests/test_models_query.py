@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 from safetensors.torch import save_file
-from test_models_families import TEXTS, _save, _sentence_transformers
+from tiny_models import TEXTS, save_masked_lm, sentence_transformers_dir
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.model_files import model_sha256
@@ -33,7 +33,7 @@ def _as_terms(model, row: torch.Tensor) -> dict[str, float]:
 
 @pytest.mark.parametrize("table", ["idf.json", "query_token_weights.txt"])
 def test_token_weight_table_encodes_queries_without_a_model(tmp_path, table):
-    path, _, tokenizer = _save("bert", tmp_path, pickled=False)
+    path, _, tokenizer = save_masked_lm("bert", tmp_path, pickled=False)
     terms = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)
     weights = {term: round(0.5 + i / 7, 3) for i, term in enumerate(terms) if i % 3}
     if table == "idf.json":
@@ -54,8 +54,8 @@ def test_token_weight_table_encodes_queries_without_a_model(tmp_path, table):
 def test_sentence_transformers_router_with_static_query_route(tmp_path):
     """The inference-free router layout: documents through MLMTransformer (in the root) + SpladePooling, queries
     through SparseStaticEmbedding (its own folder: weights and tokenizer)."""
-    path, _, tokenizer = _save("distilbert", tmp_path, pickled=False)
-    _sentence_transformers(path, {"pooling_strategy": "max", "activation_function": "log1p_relu"})
+    path, _, tokenizer = save_masked_lm("distilbert", tmp_path, pickled=False)
+    sentence_transformers_dir(path, {"pooling_strategy": "max", "activation_function": "log1p_relu"})
     (path / "1_SpladePooling").rename(path / "document_1_SpladePooling")
     (path / "modules.json").write_text(json.dumps(
         [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Router"}]))
@@ -88,12 +88,12 @@ def test_sentence_transformers_router_with_static_query_route(tmp_path):
 
 
 def test_a_model_without_a_table_encodes_its_own_queries(tmp_path):
-    path, _, _ = _save("bert", tmp_path, pickled=False)
+    path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
     assert isinstance(load_query_model(str(path)), SpladeModel)
 
 
 def test_a_malformed_table_is_one_line(tmp_path):
-    path, _, _ = _save("bert", tmp_path, pickled=False)
+    path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
     (path / "query_token_weights.txt").write_text("protein 1.5\n")
     with pytest.raises(LsrIndexError, match=r"line 1: expected term<TAB>weight"):
         load_query_model(str(path))
@@ -107,7 +107,7 @@ def _job(model, query_model=None, query_max_length=16):
 
 
 def test_the_record_names_the_query_route_of_each_layout(tmp_path):
-    plain, _, _ = _save("bert", tmp_path / "plain", pickled=False)
+    plain, _, _ = save_masked_lm("bert", tmp_path / "plain", pickled=False)
     record = query_model_record(_job(plain))
     assert record == {"name": str(plain.resolve()), "sha256": model_sha256(plain), "kind": "splade",
                       "vocab_sha256": vocab_sha256(load_model(str(plain)).vocab)}
@@ -115,7 +115,7 @@ def test_the_record_names_the_query_route_of_each_layout(tmp_path):
     table = query_model_record(_job(plain))
     assert table["kind"] == "token_weights" and table["sha256"] == model_sha256(plain) != record["sha256"]
     assert table["vocab_sha256"] == record["vocab_sha256"]
-    separate, _, _ = _save("bert", tmp_path / "separate", pickled=True, seed=5)
+    separate, _, _ = save_masked_lm("bert", tmp_path / "separate", pickled=True, seed=5)
     chosen = query_model_record(_job(plain, separate))
     assert chosen["name"] == str(separate.resolve()) and chosen["kind"] == "splade"
     with pytest.raises(LsrIndexError, match=r"query model .* takes at most 66 tokens; lower --query-max-length"):
@@ -123,8 +123,8 @@ def test_the_record_names_the_query_route_of_each_layout(tmp_path):
 
 
 def test_a_query_model_of_another_vocabulary_is_refused(tmp_path):
-    bert, _, _ = _save("bert", tmp_path, pickled=False)
-    roberta, _, _ = _save("roberta", tmp_path, pickled=False)
+    bert, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
+    roberta, _, _ = save_masked_lm("roberta", tmp_path, pickled=False)
     with pytest.raises(LsrIndexError, match=r"vocabulary \(\d+ terms\) differs from the document model's"):
         query_model_record(_job(bert, roberta))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from cli_runner import run_cli
-from test_models_families import WORDS, _reference, _save
+from tiny_models import WORDS, reference_weights, save_masked_lm
 
 from lsr_index.manifest import Manifest
 from lsr_index.model_files import model_sha256
@@ -83,7 +83,7 @@ def _exact(queries: list[dict[str, int]], docs: dict[str, dict[str, int]]) -> di
 
 def _splade_queries(mlm, tokenizer) -> list[dict[str, int]]:
     """Query vectors from the model's full forward (transformers' own), pooled and quantized here."""
-    weights = _reference(mlm, tokenizer, QUERIES, 16)
+    weights = reference_weights(mlm, tokenizer, QUERIES, 16)
     vocab = {i: t for t, i in tokenizer.get_vocab().items()}
     return [{vocab[i]: round(float(row[i]) * SCALE) for i in torch.nonzero(row * SCALE >= 0.5).flatten().tolist()}
             for row in weights]
@@ -97,9 +97,9 @@ def _close(got: list[dict[str, int]], want: list[dict[str, int]]) -> bool:
 @pytest.mark.slow
 @pytest.mark.lucene
 def test_separate_query_model_end_to_end(tmp_path):
-    documents, _, _ = _save("bert", tmp_path / "doc", pickled=False, seed=0)
-    query_path, query_mlm, tokenizer = _save("bert", tmp_path / "query", pickled=True, seed=3)
-    doc_mlm = _save("bert", tmp_path / "doc-again", pickled=False, seed=0)[1]
+    documents, _, _ = save_masked_lm("bert", tmp_path / "doc", pickled=False, seed=0)
+    query_path, query_mlm, tokenizer = save_masked_lm("bert", tmp_path / "query", pickled=True, seed=3)
+    doc_mlm = save_masked_lm("bert", tmp_path / "doc-again", pickled=False, seed=0)[1]
     manifest, docs, run, stderr = _encode_build_search(tmp_path, documents, "--query-model", str(query_path))
     assert manifest.query_model["name"] == str(query_path.resolve())
     assert manifest.query_model["sha256"] == model_sha256(query_path) != manifest.model["sha256"]
@@ -117,7 +117,7 @@ def test_separate_query_model_end_to_end(tmp_path):
 @pytest.mark.slow
 @pytest.mark.lucene
 def test_token_weight_queries_end_to_end_load_no_transformer(tmp_path):
-    documents, _, tokenizer = _save("bert", tmp_path / "doc", pickled=False, seed=0)
+    documents, _, tokenizer = save_masked_lm("bert", tmp_path / "doc", pickled=False, seed=0)
     vocab = sorted(tokenizer.get_vocab(), key=tokenizer.get_vocab().get)  # id order: get_vocab's order varies by run
     weights = {term: round(0.3 + (i % 11) / 4, 2) for i, term in enumerate(vocab) if i % 4}
     (documents / "idf.json").write_text(json.dumps(weights))
@@ -133,8 +133,8 @@ def test_token_weight_queries_end_to_end_load_no_transformer(tmp_path):
 
 
 def test_query_model_with_another_vocabulary_is_refused_in_one_line(tmp_path):
-    documents = _save("bert", tmp_path / "doc", pickled=False)[0]
-    query = _save("roberta", tmp_path / "query", pickled=False)[0]
+    documents = save_masked_lm("bert", tmp_path / "doc", pickled=False)[0]
+    query = save_masked_lm("roberta", tmp_path / "query", pickled=False)[0]
     corpus, _ = _corpus(tmp_path)
     refused = run_cli("--quiet", "encode", str(corpus), "-o", str(tmp_path / "vectors"), "--model", str(documents),
                       "--query-model", str(query), "--doc-max-length", "32", "--device", "cpu")

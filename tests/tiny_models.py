@@ -3,6 +3,8 @@ reference SPLADE weights of transformers' own full forward: for the family tests
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 WORDS = ["protein", "receptor", "binds", "cells", "gene", "cancer", "risk", "trial", "vitamin", "fracture", "neurons",
@@ -96,3 +98,19 @@ def reference_weights(mlm, tokenizer, texts, max_length, activation="log1p_relu"
         weights = torch.log1p(weights)
     weights = weights * batch["attention_mask"][..., None]
     return weights.sum(dim=1) if pooling == "sum" else weights.amax(dim=1)
+
+
+def sentence_transformers_dir(path, pooling: dict | None, transformer: str = "MLMTransformer"):
+    """Turn a masked-LM directory into a SparseEncoder directory: the transformer saved in the root, as
+    sentence-transformers saves it, and SpladePooling in a subfolder."""
+    base = "sentence_transformers.sparse_encoder.models" if transformer == "MLMTransformer" else \
+        "sentence_transformers.models"
+    modules = [{"idx": 0, "name": "0", "path": "", "type": f"{base}.{transformer}"},
+               {"idx": 1, "name": "1", "path": "1_SpladePooling",
+                "type": "sentence_transformers.sparse_encoder.models.SpladePooling"}]
+    (path / "modules.json").write_text(json.dumps(modules))
+    (path / "sentence_bert_config.json").write_text(json.dumps(
+        {"max_seq_length": 64, "do_lower_case": False,
+         **({"transformer_task": "fill-mask"} if transformer == "Transformer" else {})}))
+    (path / "1_SpladePooling").mkdir()
+    (path / "1_SpladePooling" / "config.json").write_text(json.dumps(pooling or {}))
