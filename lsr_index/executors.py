@@ -32,20 +32,27 @@ def worker_main(out: BinaryIO) -> None:
     """A local encoding worker (a PythonChild): (job, output, device, assignment) from stdin, then its events as
     ("part", Part), ("progress", (docs, tokens)), ("done", WorkerResult) or ("error", one line)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends its workers
-    try:
-        job, output, device, assignment = pickle.load(sys.stdin.buffer)
-    except BaseException:
-        os._exit(1)  # the parent ended while sending
-    threading.Thread(target=end_with_stdin, daemon=True).start()
     lock = threading.Lock()  # parts and progress come from the encoder's threads
 
     def send(*message: object) -> None:
         with lock:
             send_message(out, *message)
 
+    try:
+        job, output, device, assignment = pickle.load(sys.stdin.buffer)
+    except EOFError:
+        os._exit(1)  # the parent ended while sending
+    except Exception as exc:  # e.g. a class the job holds, defined in the script run: not importable here
+        send("error", f"{sys.argv[3]} could not read its job ({type(exc).__name__}: {exc}): what a job holds must "
+                      "be importable, not defined in the script that runs")
+        os._exit(1)
+    threading.Thread(target=end_with_stdin, daemon=True).start()
     cores = max(1, (os.cpu_count() or 1) // assignment.workers)
-    # the Rust tokenizer's thread pool takes every core by default: W workers would oversubscribe them W times
+    # the Rust tokenizer's thread pool and torch's take every core by default: W workers would oversubscribe them
     os.environ.setdefault("RAYON_NUM_THREADS", str(cores))
+    import torch
+
+    torch.set_num_threads(cores)
     try:
         with closing(ShardEncoder(job, device, cores)) as encoder:
             result = encoder.run(output, assignment, emit=lambda part: send("part", part),
@@ -60,16 +67,27 @@ def worker_main(out: BinaryIO) -> None:
 
 
 def _relay(worker: PythonChild, inbox: queue.SimpleQueue) -> None:
-    """One worker's messages into the parent's inbox, up to its last; ("gone", what) if it ends without one."""
+    """One worker's messages into the parent's inbox, up to its last; ("gone", the worker) if it ends without one."""
     while True:
         try:
             message = pickle.load(worker.messages)
         except Exception:  # EOF, or a message cut off by its death
-            inbox.put(("gone", worker.what))
+            inbox.put(("gone", worker))
             return
         inbox.put(message)
         if message[0] in ("done", "error"):
             return
+
+
+def _record_queued(inbox: queue.SimpleQueue, on_part: Callable[[Part], None]) -> None:
+    """The parts workers published before one failed, still queued: recorded, so that a rerun keeps them."""
+    while True:
+        try:
+            kind, body = inbox.get_nowait()
+        except queue.Empty:
+            return
+        if kind == "part":
+            on_part(body)
 
 
 def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
@@ -101,9 +119,11 @@ def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assig
                 on_progress(*body)
             elif kind == "done":
                 results.append(body)
-            elif kind == "gone":
-                raise LsrIndexError(f"{body} died; rerun the same command to resume")
             else:
+                _record_queued(inbox, on_part)
+                if kind == "gone":
+                    raise LsrIndexError(f"{body.what} died (exit code {body.exit_code(5)}); rerun the same command "
+                                        "to resume")
                 raise LsrIndexError(body)
     finally:
         for worker in workers:

@@ -74,7 +74,8 @@ def test_a_killed_worker_is_one_line_and_the_other_ends_too(tmp_path):
     subprocess.run(["kill", "-9", str(first)], check=True)
     out, err = parent.communicate(timeout=60)
     assert parent.returncode == 1, (out, err)
-    assert out.splitlines()[-1] == "error: the encoding worker on cpu died; rerun the same command to resume", out
+    assert out.splitlines()[-1] == \
+        "error: the encoding worker on cpu died (exit code -9); rerun the same command to resume", out
     assert "Traceback" not in err, err
     assert wait_dead(second), "the other worker outlived the run"
 
@@ -86,3 +87,33 @@ def test_workers_end_with_a_killed_parent(tmp_path):
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     assert all(wait_dead(pid, 30) for pid in workers), [pid for pid in workers if alive(pid)]
+
+
+UNREADABLE_JOB = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from lsr_index.corpus import Fields
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.errors import LsrIndexError
+
+    class MyFields(Fields):  # defined in the script run: a worker cannot import it
+        pass
+
+    if __name__ == "__main__":
+        job = EncodeJob(inputs=(sys.argv[1],), fields=MyFields(), options=EncodeOptions(progress=False))
+        try:
+            encode_corpus(job, Path(sys.argv[2]), ("cpu", "cpu"))
+        except LsrIndexError as exc:
+            print("error:", exc)
+""")
+
+
+def test_a_job_a_worker_cannot_read_is_one_line_that_says_why(tmp_path):
+    """Not "died; rerun": a rerun would fail the same way."""
+    script = tmp_path / "unreadable.py"
+    script.write_text(UNREADABLE_JOB)
+    run = subprocess.run([sys.executable, str(script), str(SAMPLE), str(tmp_path / "vectors")], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    assert run.stdout.startswith("error: the encoding worker on cpu could not read its job (AttributeError: ") and \
+        "MyFields" in run.stdout and "must be importable" in run.stdout, run.stdout
