@@ -30,7 +30,8 @@ def main() -> None:
     args = parser.parse_args()
     work, device = args.work, "cuda:0"
     work.mkdir(parents=True, exist_ok=True)
-    print(args.label, lsr_index.__file__, flush=True)
+    tree = Path(lsr_index.__file__).resolve().parent
+    print(args.label, tree.relative_to(Path.cwd()) if tree.is_relative_to(Path.cwd()) else tree, flush=True)
     for arch, n in (("bert-base", 131072), ("xlmr-base", 32768)):
         corpus, model = work / f"{arch}.jsonl", work / arch
         if not (model / "config.json").exists():  # made by the first run, shared by both trees
