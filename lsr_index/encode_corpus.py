@@ -105,13 +105,17 @@ class Plan:
         if not parts:
             return
         sd, extent = m.shard_docs, max(p.end for p in parts)
-        sums: dict[int, dict[int, int]] = {}  # shard → digest of its documents up to each piece end
+        edges = {e for p in parts for e in (p.start, p.end)}  # a chunk may end inside a reader's batch
+        sums: dict[int, dict[int, int]] = {}  # shard → digest of its documents up to each piece end and edge
         ends: set[int] = set()  # where a shard ends: at its edge, or at the end of the stream
         for piece in pieces(self.job.reader(), sd):
             if piece.start >= extent:
                 break
             cum = sums.setdefault(piece.shard, {piece.shard * sd: 0})
-            cum[piece.end] = (cum[piece.start] + piece.digest()) % _MOD
+            lo = piece.start
+            for hi in [*sorted(e for e in edges if piece.start < e < piece.end), piece.end]:
+                cum[hi] = (cum[lo] + piece.part(lo, hi).digest()) % _MOD
+                lo = hi
             if piece.last:
                 ends.add(piece.end)
 

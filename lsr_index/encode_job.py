@@ -98,6 +98,10 @@ class Piece:
     def digest(self) -> int:
         return input_digest(self.start, self.rows.column("id").to_pylist(), self.rows.column("text").to_pylist())
 
+    def part(self, lo: int, hi: int) -> Piece:
+        """Documents [lo, hi) (stream positions) of this piece; the part ends the shard if it keeps the piece's end."""
+        return Piece(self.shard, lo, self.rows.slice(lo - self.start, hi - lo), self.last and hi == self.end)
+
 
 def pieces(batches: Iterator[pa.RecordBatch] | CorpusReader, shard_docs: int) -> Iterator[Piece]:
     """The stream's batches cut at shard edges, each knowing whether it ends its shard (looking one batch ahead,

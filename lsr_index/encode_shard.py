@@ -423,21 +423,47 @@ def read_pieces(job: EncodeJob, assignment: Assignment, stream: Iterable[Piece],
     nothing left to encode (checkpointed earlier) as (piece, None, None, _Stats()) when it ends its shard. Pieces of
     other shards are read (to count) only. `after_each` runs after each piece is taken."""
     resume_at = {k: chunks[-1].end for k, chunks in assignment.chunks.items() if chunks}
+    cut = _Ramp(job.window)
     for piece in stream:
         if not assignment.mine(piece.shard):  # another worker's, or published: read (to count) only
             continue
         checkpointed = resume_at.get(piece.shard, 0)
+        parts = list(cut(piece))  # cut even where checkpointed: the cuts, and so the bytes, are an uninterrupted run's
         if piece.end <= checkpointed:
             if piece.last:
                 yield piece, None, None, _Stats()
             continue
-        if piece.start < checkpointed:
-            raise LsrIndexError(f"shard {piece.shard}'s checkpoint ends inside a batch (document "
-                                f"{checkpointed}): the input changed during the run? Rerun to re-verify it")
-        ids, texts = piece.rows.column("id").to_pylist(), piece.rows.column("text").to_pylist()
-        capped = sum(len(t) >= job.max_chars for t in texts)
-        yield piece, ids, texts, _Stats(input_digest(piece.start, ids, texts), capped=capped)
-        after_each()
+        for part in parts:
+            if part.end <= checkpointed:
+                continue
+            if part.start < checkpointed:  # cut otherwise by the run that checkpointed (another window)
+                part = part.part(checkpointed, part.end)
+            ids, texts = part.rows.column("id").to_pylist(), part.rows.column("text").to_pylist()
+            capped = sum(len(t) >= job.max_chars for t in texts)
+            yield part, ids, texts, _Stats(input_digest(part.start, ids, texts), capped=capped)
+            after_each()
+
+
+class _Ramp:
+    """Cuts each shard's first documents into growing parts, window/8 first, each next ×1.5, none shorter than the
+    one before (for a window of 8,192: 1,024, 1,536, 2,304, 3,328, 3,456, 4,736, then whole pieces). The model
+    starts on the first part instead of waiting for a whole window to be read and tokenized (~0.3 s on a 16-core
+    GPU host), and the input keeps ahead while the parts grow: it reads and tokenizes ~1.3× as fast as an H100
+    encodes BERT-base. The cuts depend only on the shard's pieces, so a resumed run cuts where the first did."""
+
+    def __init__(self, window: int):
+        self.window, self.shard, self.size = window, -1, window
+
+    def __call__(self, piece: Piece) -> Iterator[Piece]:
+        if piece.shard != self.shard:
+            self.shard, self.size = piece.shard, max(1, self.window // 8)
+        lo = piece.start
+        while self.size < self.window and piece.end - lo >= 2 * self.size:
+            yield piece.part(lo, lo + self.size)
+            lo, self.size = lo + self.size, -(-self.size * 3 // 2)
+        if lo == piece.start:  # a piece no cut fits: the ramp is over
+            self.size = self.window
+        yield piece.part(lo, piece.end) if lo > piece.start else piece
 
 
 def tokenize_pieces(items: Iterable[tuple[Piece, list[str] | None, list[str] | None, _Stats]],

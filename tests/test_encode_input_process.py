@@ -61,9 +61,12 @@ def test_a_bad_record_read_in_the_input_process_is_one_line_naming_file_and_line
     assert not children(_self_pid(), b"input_main")
 
 
-def test_a_resumed_run_reads_its_checkpoints_in_the_input_process(tmp_path, monkeypatch):
+@pytest.mark.parametrize(("stop_at", "resume_at"), [(512, 512), (300, 364)])
+def test_a_resumed_run_reads_its_checkpoints_in_the_input_process(tmp_path, monkeypatch, stop_at, resume_at):
     """A checkpointed shard (chunks on disk) is finished by a later run reading in the input process: the same
-    bytes as one uninterrupted run."""
+    bytes as one uninterrupted run. The reader's batches hold 256 documents here (the window), and the task's first
+    ones are cut finer (encode_shard._Ramp: 32, 48, 72, 104, then 108, 148), so a checkpoint can end inside a batch
+    (364), which the rerun's reader must split the same way."""
     source = tmp_path / "c.jsonl"
     source.write_text("".join(json.dumps({"id": f"d{i}", "text": f"passage {i} about {i % 23}"}) + "\n"
                               for i in range(900)))
@@ -72,7 +75,7 @@ def test_a_resumed_run_reads_its_checkpoints_in_the_input_process(tmp_path, monk
     real_record = encode_shard._ShardSink._write
 
     def stop_after_first_chunk(self, shards, shard, start, *rest):
-        if start >= 512:
+        if start >= stop_at:
             raise KeyboardInterrupt
         return real_record(self, shards, shard, start, *rest)
 
@@ -80,8 +83,10 @@ def test_a_resumed_run_reads_its_checkpoints_in_the_input_process(tmp_path, monk
     with pytest.raises(KeyboardInterrupt):
         encode(source, out, False, monkeypatch, shard_docs=600, max_tokens=4096, checkpoint_seconds=0)
     monkeypatch.setattr(encode_shard._ShardSink, "_write", real_record)
-    assert Manifest.load(out).chunks  # a checkpoint to resume from
+    last = Manifest.load(out).chunks[-1]  # the checkpoint to resume from
+    assert last.start + last.docs == resume_at
     resumed = encode(source, out, True, monkeypatch, shard_docs=600, max_tokens=4096, checkpoint_seconds=0)
+    assert resumed.stats["resumed_at"] == resume_at and resumed.stats["docs_this_run"] == 900 - resume_at
     assert [s.sha256 for s in resumed.shards] == [s.sha256 for s in whole.shards] and not resumed.chunks
 
 
