@@ -15,6 +15,7 @@ import resource
 import shutil
 import threading
 import time
+from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -105,7 +106,7 @@ class Plan:
         if not parts:
             return
         sd, extent = m.shard_docs, max(p.end for p in parts)
-        edges = {e for p in parts for e in (p.start, p.end)}  # a chunk may end inside a reader's batch
+        edges = sorted({e for p in parts for e in (p.start, p.end)})  # a chunk may end inside a reader's batch
         sums: dict[int, dict[int, int]] = {}  # shard → digest of its documents up to each piece end and edge
         ends: set[int] = set()  # where a shard ends: at its edge, or at the end of the stream
         for piece in pieces(self.job.reader(), sd):
@@ -113,7 +114,8 @@ class Plan:
                 break
             cum = sums.setdefault(piece.shard, {piece.shard * sd: 0})
             lo = piece.start
-            for hi in [*sorted(e for e in edges if piece.start < e < piece.end), piece.end]:
+            inside = edges[bisect_right(edges, piece.start):bisect_left(edges, piece.end)]
+            for hi in [*inside, piece.end]:
                 cum[hi] = (cum[lo] + piece.part(lo, hi).digest()) % _MOD
                 lo = hi
             if piece.last:
