@@ -136,7 +136,8 @@ class Plan:
                 reach[chunk.shard] = chunk.end
         self.stale = len(m.shards) - len(keep_shards) + sum(c.shard not in published for c in m.chunks) \
             - len(keep_chunks)
-        self.obsolete += [p.file for p in parts if p not in keep_shards and p not in keep_chunks]
+        kept = {id(p) for p in (*keep_shards, *keep_chunks)}  # by identity: comparing parts was quadratic in them
+        self.obsolete += [p.file for p in parts if id(p) not in kept]
         m.shards, m.chunks = keep_shards, keep_chunks
 
     def _remove_leftovers(self) -> None:

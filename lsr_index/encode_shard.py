@@ -446,10 +446,12 @@ def read_pieces(job: EncodeJob, assignment: Assignment, stream: Iterable[Piece],
 
 class _Ramp:
     """Cuts each shard's first documents into growing parts, window/8 first, each next ×1.5, none shorter than the
-    one before (for a window of 8,192: 1,024, 1,536, 2,304, 3,328, 3,456, 4,736, then whole pieces). The model
-    starts on the first part instead of waiting for a whole window to be read and tokenized (~0.3 s on a 16-core
-    GPU host), and the input keeps ahead while the parts grow: it reads and tokenizes ~1.3× as fast as an H100
-    encodes BERT-base. The cuts depend only on the shard's pieces, so a resumed run cuts where the first did."""
+    one before (for a window of 8,192 and shards that start a reader's batch: 1,024, 1,536, 2,304, 3,328, 3,456,
+    4,736, then whole pieces). The model starts on the first part instead of waiting for a whole window to be read
+    and tokenized (~0.3 s on a 16-core GPU host), and the input keeps ahead while the parts grow: it reads and
+    tokenizes ~1.3× as fast as an H100 encodes BERT-base. The cuts depend only on the shard's pieces, so a resumed
+    run cuts where the first did; they cost each later shard a few part-filled batches (BERT-base 131k in shards of
+    32,768: −2 % after start-up)."""
 
     def __init__(self, window: int):
         self.window, self.shard, self.size = window, -1, window
@@ -463,7 +465,10 @@ class _Ramp:
             lo, self.size = lo + self.size, -(-self.size * 3 // 2)
         if lo == piece.start:  # a piece no cut fits: the ramp is over
             self.size = self.window
-        yield piece.part(lo, piece.end) if lo > piece.start else piece
+            yield piece
+            return
+        yield piece.part(lo, piece.end)
+        self.size = max(self.size, piece.end - lo)  # the next part no shorter than this one
 
 
 def tokenize_pieces(items: Iterable[tuple[Piece, list[str] | None, list[str] | None, _Stats]],
