@@ -325,12 +325,16 @@ class ShardEncoder:
         return encoder
 
     def close(self) -> None:
-        """End the serializer processes (after a success they have no work left: `run` collects every result), and an
-        input process that no run took."""
+        """End the serializer processes (after a success they have no work left: `run` collects every result) and an
+        input process that no run took, then wait for a model load still under way: transformers builds a model under
+        process-wide settings (the default dtype, patched torch functions), so a load left running after a failed run
+        broke the caller's next model load (weights left on the meta device: models._BUILDING)."""
         if self.pool:
             self.pool.close()
         if self._input_child:
             self._input_child.close()
+        if loading := getattr(self, "_encoder", None):
+            wait([loading])
 
     def run(self, out: Path, assignment: Assignment, emit: Callable[[Part], None],
             progress: Callable[[int, int], None], source: Iterable[Piece] | None = None) -> WorkerResult:

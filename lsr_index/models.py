@@ -11,6 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import tempfile
+import threading
 import weakref
 import zipfile
 from dataclasses import dataclass
@@ -221,6 +222,11 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: to
                        activation=layout.activation if layout else "log1p_relu", packed=packed)
 
 
+# transformers builds a model under process-wide settings (the default dtype, the meta device, patched torch
+# functions): two builds at once in one process left weights on the meta device in 30 of 30 tries here
+_BUILDING = threading.Lock()
+
+
 def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:
     """The masked LM, built from its config by transformers' own class for it, with the weights read here."""
     from transformers import AutoConfig
@@ -235,8 +241,9 @@ def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:
                             f"{config.model_type!r}: SPLADE needs a masked language model")
     state = read_state_dict(path)
     try:
-        mlm, info = MODEL_FOR_MASKED_LM_MAPPING[type(config)].from_pretrained(
-            None, config=config, state_dict=state, output_loading_info=True, dtype=dtype)
+        with _BUILDING:
+            mlm, info = MODEL_FOR_MASKED_LM_MAPPING[type(config)].from_pretrained(
+                None, config=config, state_dict=state, output_loading_info=True, dtype=dtype)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise LsrIndexError(f"model {path}: cannot load it as a masked-LM: {str(exc).splitlines()[0]}") from exc
     decoder = mlm.get_output_embeddings()

@@ -55,3 +55,52 @@ def test_corrupted_cache_is_detected(splade_tiny, tmp_path, monkeypatch):
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(LsrIndexError, match="no such directory"):
         resolve_model("./no/such/model")
+
+
+def test_two_loads_at_once_in_one_process_each_give_the_whole_model(splade_tiny):
+    """transformers builds a model under process-wide settings; two lsr-index loads at once (a worker thread beside
+    the caller's) must still each get the checkpoint's weights, none left on the meta device."""
+    import threading
+
+    models = []
+
+    def load() -> None:
+        for _ in range(3):
+            models.append(load_model("splade-tiny"))
+
+    threads = [threading.Thread(target=load) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    reference = dict(splade_tiny.body.state_dict())
+    assert len(models) == 6
+    for model in models:
+        state = model.body.state_dict()
+        assert all(t.device.type == "cpu" for t in state.values())
+        assert state.keys() == reference.keys() and all(torch.equal(state[k], reference[k]) for k in reference)
+        assert torch.equal(model.weight, splade_tiny.weight)
+
+
+def test_a_closed_encoder_leaves_no_model_load_running(monkeypatch):
+    """A task that ends before its background model load does (an input error, Ctrl-C) waits for that load in
+    close(): a load still running after the call returned would build under transformers' process-wide settings
+    beside the caller's next model load."""
+    import time
+
+    from lsr_index import models as models_module
+    from lsr_index.encode_job import EncodeJob, EncodeOptions
+    from lsr_index.encode_shard import ShardEncoder
+
+    real, finished = models_module.load_model, []
+
+    def slow_load(*args, **kwargs):
+        time.sleep(1.0)
+        model = real(*args, **kwargs)
+        finished.append(time.monotonic())
+        return model
+
+    monkeypatch.setattr(models_module, "load_model", slow_load)
+    encoder = ShardEncoder(EncodeJob(inputs=("unused",), options=EncodeOptions(progress=False)), "cpu", 1)
+    encoder.close()
+    assert finished and finished[0] <= time.monotonic()
