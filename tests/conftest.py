@@ -6,6 +6,7 @@ import atexit
 import os
 import secrets
 import shutil
+import signal
 import tempfile
 from pathlib import Path
 
@@ -24,6 +25,9 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ.setdefault("TRITON_INTERPRET", "1")
     if "LSR_INDEX_CACHE" not in os.environ:
         _private_cache()
+    # a suite started in the background of a script inherits SIGINT ignored, and so would every process a test
+    # starts: the Ctrl-C tests would then interrupt nothing. With a handler here, started processes get the default
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # pytest-xdist runs a test process per core: each, and the CLI processes it starts, computes on one thread.
         # Two-thread matmuls in two processes on two cores wait on each other's descheduled threads at every
