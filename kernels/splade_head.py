@@ -21,6 +21,7 @@ per row (any mask, prefix or not); padding rows are multiplied and then ignored,
 should come packed.
 """
 
+import contextlib
 import os
 
 import torch
@@ -275,6 +276,12 @@ def _tma_ready(t: Tensor) -> Tensor:
     return t if aligned else t.clone(memory_format=torch.contiguous_format)
 
 
+def _on(device: torch.device) -> contextlib.AbstractContextManager:
+    """The inputs' GPU made current for the launch: Triton launches on the calling thread's current device and stream,
+    whatever device the tensors are on (a model on cuda:1 in a process whose current device is cuda:0)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def _launch(
     tokens: Tensor,
     weight: Tensor,
@@ -321,7 +328,8 @@ def _launch(
         return (min(sms, tiles),)
 
     if config is None and not cpu and tokens.dtype == torch.float32:
-        _splade_max_tuned[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log)
+        with _on(tokens.device):
+            _splade_max_tuned[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log)
         return out
     if config is None and not cpu:
         if hidden % _CONFIG_16.kwargs["BLOCK_K"]:
@@ -330,7 +338,8 @@ def _launch(
     config = config or INTERPRETER_CONFIG
     config = {"SLAB": min(16, config["BLOCK_L"]), **config}
     _set_block_shapes({"tokens_desc": tokens_desc, "weight_desc": weight_desc, **config})
-    _splade_max_kernel[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log, **config)
+    with _on(tokens.device):
+        _splade_max_kernel[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log, **config)
     return out
 
 

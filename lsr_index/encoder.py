@@ -67,7 +67,7 @@ class _Staging:
             host[start:start + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
         packed = self.buffers[k][:size].to(device, non_blocking=True)
         self.copied[k] = torch.cuda.Event()
-        self.copied[k].record()
+        self.copied[k].record(torch.cuda.current_stream(device))
         return [packed[start:start + a.nbytes].view(torch.from_numpy(a[:0]).dtype).view(a.shape)
                 for a, start in zip(arrays, starts)]
 
@@ -128,7 +128,7 @@ class SpladeEncoder:
                     yield key, positions, then(weights)
                     continue
                 done = torch.cuda.Event()
-                done.record()
+                done.record(torch.cuda.current_stream(self.device))  # the model's GPU, not the thread's current one
                 if pending is not None:
                     yield from self._finish(*pending, then)
                 pending = (key, positions, weights, done, last)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
 from lsr_index.encoder import SpladeEncoder
+from lsr_index.manifest import Manifest
 from lsr_index.models import load_model
 from lsr_index.quantize import Quantization, quantize
 
@@ -57,10 +60,7 @@ def test_staged_copies_arrive_whole_while_their_buffers_are_reused():
 def test_two_workers_on_one_gpu_write_what_one_writes(tmp_path):
     """Local workers (PythonChild processes, each with its own input process and serializers) on CUDA: the same
     shards as one worker, document for document; terms agree but where a weight sits at a rounding boundary."""
-    from pathlib import Path
-
     from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
-    from lsr_index.writers import read_shard
 
     sample = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
     job = EncodeJob(inputs=(str(sample),), options=EncodeOptions(shard_docs=150, output_format="jsonl",
@@ -68,11 +68,18 @@ def test_two_workers_on_one_gpu_write_what_one_writes(tmp_path):
     one = encode_corpus(job, tmp_path / "one", ("cuda:0",))
     two = encode_corpus(job, tmp_path / "two", ("cuda:0", "cuda:0"))
     assert two.stats["workers"] == 2 and [w["docs"] for w in two.stats["per_worker"]] == [250, 150]
-    assert [(s.file, s.start, s.docs) for s in two.shards] == [(s.file, s.start, s.docs) for s in one.shards]
+    assert_same_shards(tmp_path / "one", one, tmp_path / "two", two)
+
+
+def assert_same_shards(dir_a: Path, a: Manifest, dir_b: Path, b: Manifest) -> None:
+    """The same shards document for document; terms agree but where a weight sits at a rounding boundary."""
+    from lsr_index.writers import read_shard
+
+    assert [(s.file, s.start, s.docs) for s in b.shards] == [(s.file, s.start, s.docs) for s in a.shards]
     same = total = 0
-    for shard in one.shards:
-        a, b = read_shard(tmp_path / "one" / shard.file), read_shard(tmp_path / "two" / shard.file)
-        for (id_a, vec_a), (id_b, vec_b) in zip(a, b, strict=True):
+    for shard in a.shards:
+        for (id_a, vec_a), (id_b, vec_b) in zip(read_shard(dir_a / shard.file), read_shard(dir_b / shard.file),
+                                                strict=True):
             assert id_a == id_b
             same += len(vec_a.items() & vec_b.items())
             total += max(len(vec_a), len(vec_b))
