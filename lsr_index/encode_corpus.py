@@ -181,7 +181,8 @@ class Plan:
             # start-up (process, model load, first read) apart from the encoding rate that follows it
             "per_worker": [{"device": r.device, "docs": r.docs, "startup_seconds": round(r.ready_at - started_at, 3),
                             "model_loaded_after_seconds": round(r.loaded_at - started_at, 3),
-                            "docs_per_second_after_startup": round(r.docs / max(r.done_at - r.ready_at, 1e-9), 1)}
+                            "docs_per_second_after_startup": round(r.docs / max(r.done_at - r.ready_at, 1e-9), 1),
+                            "cores": r.cores, "serializers": r.serializers, "started": r.started}
                            for r in results],
         }
         m.complete = True

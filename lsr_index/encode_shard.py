@@ -77,6 +77,9 @@ class WorkerResult:
     loaded_at: float = 0.0  # time.time() when its model was on the device (process start, imports, load)
     ready_at: float = 0.0  # time.time() when its first batch started (model loaded, first tokens read)
     done_at: float = 0.0
+    cores: int = 0  # the host cores it was given (its serializers, torch's threads, the tokenizer's)
+    serializers: int = 0  # processes serializing its vectors beside it
+    started: str = "in process"  # or "fork", "new interpreter", "ray actor": how its process started
 
 
 @dataclass
@@ -284,7 +287,7 @@ class ShardEncoder:
         tokenizer = load_tokenizer(job.model)
         vocab = tokenizer_terms(tokenizer)[0]  # what the model's vocabulary will be: its tokenizer's terms
         check_vocab(vocab)
-        self.job, self.device, self.loaded_at = job, device, 0.0
+        self.job, self.device, self.cores, self.loaded_at = job, device, cores, 0.0
         self.vocab = np.array(vocab, dtype=object)
         self.tokenizer = TextTokenizer(tokenizer)
         self._encoder: Future = Future()
@@ -402,8 +405,8 @@ class ShardEncoder:
             (reader.n_docs, skipped_records(reader)) if reader else (0, [])
         return WorkerResult(total_docs=total, tokens=encoder.n_tokens - tokens0, skipped=skipped,
                             worker=assignment.worker, device=self.device, docs=encoder.n_docs - docs0,
-                            loaded_at=self.loaded_at,
-                            ready_at=ready_at or time.time(), done_at=time.time())
+                            loaded_at=self.loaded_at, ready_at=ready_at or time.time(), done_at=time.time(),
+                            cores=self.cores, serializers=self.serializers)
 
 
 def tokenized_pieces(job: EncodeJob, assignment: Assignment, stream: Iterable[Piece], tokenizer: TextTokenizer,

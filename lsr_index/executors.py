@@ -4,6 +4,7 @@ every event back to the planner, which alone writes the manifest (ray_executor.p
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import pickle
 import queue
@@ -90,18 +91,42 @@ def _record_queued(inbox: queue.SimpleQueue, on_part: Callable[[Part], None]) ->
             on_part(body)
 
 
+def _forks_workers(devices: tuple[str, ...]) -> bool:
+    """Whether the workers start as forks of this process (PythonChild(fork=True)): GPU workers on Linux, while this
+    process runs no other thread (a fork copies only the calling thread: a lock another one held would stay locked in
+    the child) and has not initialized CUDA (a forked child cannot use it then). CPU workers start afresh: a fork
+    after torch's OpenMP pool has run can hang in the child's first parallel region."""
+    if sys.platform != "linux" or not all(d.startswith("cuda") for d in devices) or threading.active_count() > 1:
+        return False
+    try:  # CUDA's driver, asked without initializing it: torch.cuda.is_available() would have, and so might a caller
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False  # no driver to load here: the workers will say so from a fresh start
+    count = ctypes.c_int()
+    return cuda.cuDeviceGetCount(ctypes.byref(count)) == _CUDA_ERROR_NOT_INITIALIZED
+
+
+_CUDA_ERROR_NOT_INITIALIZED = 3
+
+
 def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
                       on_part: Callable[[Part], None], on_progress: Callable[[int, int], None],
                       on_idle: Callable[[], None]) -> list[WorkerResult]:
-    """One process per device; worker w encodes shards k ≡ w (mod W). Each starts as a PythonChild (CUDA cannot be
-    forked, and multiprocessing's spawn would run the caller's script again in each: twice the encode, from a script
-    without a main guard)."""
+    """One process per device; worker w encodes shards k ≡ w (mod W). Each is a PythonChild, forked where that is
+    safe (_forks_workers) with the model's code imported here first, else a new interpreter: multiprocessing's spawn
+    would run the caller's script again in each (twice the encode, from a script without a main guard)."""
     workers: list[PythonChild] = []
     results: list[WorkerResult] = []
     inbox: queue.SimpleQueue = queue.SimpleQueue()
+    fork = _forks_workers(devices)
+    if fork:  # once here instead of once in each worker
+        from . import encoder  # noqa: F401 (torch, triton and the kernel, imported for the forks)
+        from .models import import_model_code
+
+        import_model_code(job.model)
     try:
         for device, part in zip(devices, assignment.split(len(devices))):
-            worker = PythonChild("lsr_index.executors:worker_main", f"the encoding worker on {device}")
+            worker = PythonChild("lsr_index.executors:worker_main", f"the encoding worker on {device}", fork=fork)
             workers.append(worker)
             with contextlib.suppress(OSError):  # dead already: its relay says so
                 pickle.dump((job, out, device, part), worker.stdin)
@@ -118,6 +143,7 @@ def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assig
             elif kind == "progress":
                 on_progress(*body)
             elif kind == "done":
+                body.started = "fork" if fork else "new interpreter"
                 results.append(body)
             else:
                 _record_queued(inbox, on_part)

@@ -227,8 +227,16 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: to
 _BUILDING = threading.Lock()
 
 
-def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """The masked LM, built from its config by transformers' own class for it, with the weights read here."""
+def import_model_code(name_or_path: str) -> None:
+    """Import what loading this model imports (torch, transformers, its masked-LM class) without loading it: the
+    workers forked afterwards start with it (executors.run_local_workers)."""
+    path = resolve_model(name_or_path)
+    layout = sentence_transformers_layout(path)
+    _masked_lm_class(layout.mlm if layout else path)
+
+
+def _masked_lm_class(path: Path) -> tuple[object, type]:
+    """The model's config and transformers' masked-LM class for it."""
     from transformers import AutoConfig
     from transformers.models.auto.modeling_auto import MODEL_FOR_MASKED_LM_MAPPING
 
@@ -239,11 +247,17 @@ def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:
     if type(config) not in MODEL_FOR_MASKED_LM_MAPPING:
         raise LsrIndexError(f"model {path}: transformers has no masked-LM class for model_type "
                             f"{config.model_type!r}: SPLADE needs a masked language model")
+    return config, MODEL_FOR_MASKED_LM_MAPPING[type(config)]
+
+
+def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """The masked LM, built from its config by transformers' own class for it, with the weights read here."""
+    config, masked_lm = _masked_lm_class(path)
     state = read_state_dict(path)
     try:
         with _BUILDING:
-            mlm, info = MODEL_FOR_MASKED_LM_MAPPING[type(config)].from_pretrained(
-                None, config=config, state_dict=state, output_loading_info=True, dtype=dtype)
+            mlm, info = masked_lm.from_pretrained(None, config=config, state_dict=state, output_loading_info=True,
+                                                  dtype=dtype)
     except (OSError, ValueError, KeyError, RuntimeError) as exc:
         raise LsrIndexError(f"model {path}: cannot load it as a masked-LM: {str(exc).splitlines()[0]}") from exc
     decoder = mlm.get_output_embeddings()

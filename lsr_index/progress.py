@@ -3,6 +3,7 @@ have no count. Both show only where a bar would (progress on, stderr a terminal)
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -22,9 +23,20 @@ def note(message: str, enabled: bool) -> None:
 
 def bar(enabled: bool, **options: Any):
     """A tqdm bar in the project's style; `options` as tqdm's (total, desc, unit, initial...)."""
+    return _bar_class()(dynamic_ncols=True, disable=not shown(enabled), **options)
+
+
+@functools.cache
+def _bar_class() -> type:
     from tqdm import tqdm
 
-    return tqdm(dynamic_ncols=True, disable=not shown(enabled), **options)
+    class Bar(tqdm):
+        """Without tqdm's monitor thread (it only hurries the redraw of a bar that stalls), started by every bar, shown
+        or not: a process with a thread of its own cannot fork its GPU workers (executors._forks_workers)."""
+
+        monitor_interval = 0
+
+    return Bar
 
 
 class EncodeBar:

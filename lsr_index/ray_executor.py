@@ -235,7 +235,7 @@ class _Run:
         results = [WorkerResult(total_docs=reader.n_docs, tokens=e.tokens, skipped=skipped, worker=i,
                                 device=f"{e.device} on {e.name}", docs=e.docs,
                                 loaded_at=e.loaded_at or started_at, ready_at=e.began or started_at,
-                                done_at=e.ended or started_at)
+                                done_at=e.ended or started_at, started="ray actor")
                    for i, e in enumerate(self.encoders)]
         manifest = self.plan.finish(results, self.resumed_at, seconds, started_at)
         manifest.stats["per_node"] = self._per_node(seconds)

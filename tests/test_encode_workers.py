@@ -117,3 +117,30 @@ def test_a_job_a_worker_cannot_read_is_one_line_that_says_why(tmp_path):
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
     assert run.stdout.startswith("error: the encoding worker on cpu could not read its job (AttributeError: ") and \
         "MyFields" in run.stdout and "must be importable" in run.stdout, run.stdout
+
+
+FORKED = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from lsr_index import executors
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    if sys.argv[3] == "fork":  # as on GPUs (CPU workers start afresh: executors._forks_workers)
+        executors._forks_workers = lambda devices: True
+    options = EncodeOptions(shard_docs=150, output_format="jsonl", progress=False)
+    manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cpu", "cpu"))
+    print(*[w["started"] for w in manifest.stats["per_worker"]])
+""")
+
+
+def test_forked_workers_write_what_started_ones_write(tmp_path):
+    """The fork path GPU workers take, run on CPU: the same shards, byte for byte, as workers started afresh."""
+    from lsr_index.manifest import Manifest
+
+    shards = {}
+    for how in ("fork", "new interpreter"):
+        run = subprocess.run([sys.executable, "-c", FORKED, str(SAMPLE), str(tmp_path / how), how],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+        assert run.stdout.strip() == f"{how} {how}", run.stdout
+        shards[how] = [(s.file, s.docs, s.sha256) for s in Manifest.load(tmp_path / how).shards]
+    assert len(shards["fork"]) == 3 and shards["fork"] == shards["new interpreter"]
