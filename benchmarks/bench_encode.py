@@ -11,7 +11,7 @@ thousands and misrepresent the output stage). Workloads: synthetic ~60-token doc
 (SciFact repeated, ~240 tokens after truncation); optionally 1M documents with host memory sampled.
 
     python benchmarks/bench_encode.py --tokenizer DIR [--scifact DIR] [--sections ...] [--smoke]
-writes benchmarks/results/encode_<GPU>.{json,csv,png}.
+writes benchmarks/results/encode_<GPU>.{json,csv,png} (encode_<GPU>_x<N> where `multi` runs on N GPUs).
 """
 
 from __future__ import annotations
@@ -210,13 +210,26 @@ class HostMemory:
         self._thread.join()
 
 
+def shards_filesystem(path: Path) -> str:
+    """The filesystem type under `path` (ext4, overlay, tmpfs...), from the longest mount point above it."""
+    path.mkdir(parents=True, exist_ok=True)
+    best, kind = "", "unknown"
+    for line in Path("/proc/mounts").read_text().splitlines():
+        point, fstype = line.split()[1:3]
+        if str(path.resolve()).startswith(point) and len(point) > len(best):
+            best, kind = point, fstype
+    return kind
+
+
 def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, ...], dtype: str,
                   max_tokens: int, track_memory: bool = False) -> dict:
     from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 
     job = EncodeJob(inputs=(str(corpus),), model=str(model_dir), dtype=dtype,
                     options=EncodeOptions(max_tokens=max_tokens, shard_docs=32768, overwrite=True, progress=False))
-    reset_peak(devices[0])
+    in_process = len(devices) == 1  # else the workers' memory is theirs, and this process must not use CUDA
+    if in_process:
+        reset_peak(devices[0])
     memory = HostMemory() if track_memory else None
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
@@ -227,7 +240,7 @@ def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, 
         manifest = encode_corpus(job, out, devices)
     seconds = time.perf_counter() - t0
     usage = resource.getrusage(resource.RUSAGE_SELF)  # this process's threads (not the serializer processes)
-    result = {"docs": manifest.docs, "seconds": seconds, "peak_gpu_gb": peak_gb(devices[0]),
+    result = {"docs": manifest.docs, "seconds": seconds, "peak_gpu_gb": peak_gb(devices[0]) if in_process else None,
               "cpu_user_seconds": round(usage.ru_utime - usage0.ru_utime, 1),
               "cpu_system_seconds": round(usage.ru_stime - usage0.ru_stime, 1),
               "nonzeros_per_doc": manifest.stats["nonzeros_per_doc"], "per_worker": manifest.stats["per_worker"],
@@ -236,6 +249,35 @@ def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, 
         result["host_rss_mb"] = memory.samples
     shutil.rmtree(out)
     return result
+
+
+_FRESH = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import bench_encode
+from lsr_index.models import import_model_code
+import lsr_index.encoder
+args = json.loads(sys.argv[2])
+args["devices"] = tuple(args["devices"])
+import_model_code(args["model_dir"])
+paths = [bench_encode.Path(args.pop(k)) for k in ("model_dir", "corpus", "out")]
+result = bench_encode.run_lsr_index(*paths, **args)
+print("RESULT", json.dumps(result))
+"""
+
+
+def run_lsr_index_fresh(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, ...], dtype: str,
+                        max_tokens: int) -> dict:
+    """run_lsr_index in a new process, as a user's run is: one that has imported lsr-index and its model's code (as
+    the CLI has when it starts encoding; this one had for the rows above) and not used CUDA, so that the workers of
+    several GPUs start as its forks (lsr_index.executors._forks_workers). One GPU runs the same way, side by side."""
+    import subprocess
+
+    args = {"model_dir": str(model_dir), "corpus": str(corpus), "out": str(out), "devices": list(devices),
+            "dtype": dtype, "max_tokens": max_tokens}
+    run = subprocess.run([sys.executable, "-c", _FRESH, str(Path(__file__).parent), json.dumps(args)],
+                         stdout=subprocess.PIPE, text=True, check=True)
+    return json.loads(run.stdout.rsplit("RESULT ", 1)[1])
 
 
 # ---------------------------------------------------------------- driver
@@ -248,7 +290,10 @@ def main() -> None:
                         help="comma list of bert, real, xlmr, million, multi, cpu (splade-tiny on SciFact)")
     parser.add_argument("--smoke", action="store_true", help="tiny models and corpora: check the script on a CPU")
     parser.add_argument("--multi-docs", type=int, default=2_000_000,
-                        help="documents for the multi-GPU rows: enough that start-up (~10 s a worker) is amortized")
+                        help="documents for the multi-GPU rows (one GPU against all of them, on one stream)")
+    parser.add_argument("--shards-dir", type=Path,
+                        help="where the multi-GPU rows write their shards (default: a temporary directory); a tmpfs "
+                             "such as /dev/shm takes the host's disk out of the measure")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     parser.add_argument("--replot", type=Path, help="only redraw the PNG of an existing results JSON")
     args = parser.parse_args()
@@ -282,6 +327,8 @@ def main() -> None:
             "python_dont_write_bytecode": os.environ.get("PYTHONDONTWRITEBYTECODE"),
             "python_pycache_prefix": sys.pycache_prefix}
     name = "".join(c if c.isalnum() else "_" for c in gpu).strip("_") + ("_smoke" if args.smoke else "")
+    if "multi" in sections and torch.cuda.device_count() >= 2:  # a host of several GPUs: its rows apart
+        name += f"_x{torch.cuda.device_count()}"
     words = words_from(args.tokenizer)
     rows: list[dict] = []
 
@@ -331,9 +378,11 @@ def main() -> None:
         large = work / "synthetic-multi.jsonl"
         synthetic_corpus(large, args.multi_docs // scale, words, seed=3)
         run_lsr_index(bert, synthetic, work / "warm", (device,), dtype_name, max_tokens)
+        shards = args.shards_dir or work
         for used in ((device,), devices):
             record(f"{args.multi_docs // scale:,} docs", "bert-base", f"lsr-index x{len(used)} GPU (file → shards)",
-                   run_lsr_index(bert, large, work / "out", used, dtype_name, max_tokens))
+                   run_lsr_index_fresh(bert, large, shards / "out", used, dtype_name, max_tokens),
+                   shards_on=shards_filesystem(shards))
     if "cpu" in sections and args.scifact:  # the real embedded model on real text, for CPU-only machines
         from lsr_index.models import resolve_model
 
