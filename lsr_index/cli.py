@@ -193,6 +193,12 @@ def _report_encoding(manifest, out: Path, doc_max_length: int) -> None:
                f"({stats['docs_per_second']:,.1f} docs/s overall, {stats['tokens_per_second']:,.0f} tokens/s, "
                f"{stats['nonzeros_per_doc']:.1f} nonzeros/doc"
                + (f", resumed at document {stats['resumed_at']:,}" if stats["resumed_at"] else "") + ")")
+    workers = stats.get("per_worker", [])
+    busiest = max((w["docs"] for w in workers), default=0)
+    if len(workers) > 1 and busiest > 1.5 * stats["docs_this_run"] / len(workers):
+        click.echo(f"note: one worker encoded {busiest:,} of the {stats['docs_this_run']:,} documents: each shard "
+                   f"goes to one worker whole, so {len(workers)} workers need {len(workers)} or more shards of "
+                   f"{manifest.shard_docs:,} documents (--shard-docs) to share the work", err=True)
     cut = manifest.truncation
     if cut["documents"]:
         click.echo(f"truncated {cut['documents']:,} document(s) ({cut['share']:.1%}) at --doc-max-length "

@@ -144,3 +144,17 @@ def test_forked_workers_write_what_started_ones_write(tmp_path):
         assert run.stdout.strip() == f"{how} {how}", run.stdout
         shards[how] = [(s.file, s.docs, s.sha256) for s in Manifest.load(tmp_path / how).shards]
     assert len(shards["fork"]) == 3 and shards["fork"] == shards["new interpreter"]
+
+
+@pytest.mark.slow
+def test_workers_left_without_shards_are_named_in_a_note(tmp_path):
+    """400 documents are one shard of the default size: the second worker has nothing to do, and the summary says
+    why (fewer shards than workers) and what to change."""
+    from cli_runner import run_cli
+
+    done = run_cli("encode", str(SAMPLE), "-o", str(tmp_path / "v"), "--device", "cpu,cpu", "--doc-max-length", "32")
+    assert done.returncode == 0, done.stderr
+    assert "note: one worker encoded 400 of the 400 documents" in done.stderr and "--shard-docs" in done.stderr
+    shared = run_cli("encode", str(SAMPLE), "-o", str(tmp_path / "w"), "--device", "cpu,cpu", "--doc-max-length",
+                     "32", "--shard-docs", "100")
+    assert shared.returncode == 0 and "note:" not in shared.stderr, shared.stderr
