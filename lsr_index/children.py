@@ -4,6 +4,7 @@ which never re-runs the parent's main module, and none outlives its parent."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib
 import io
 import os
@@ -82,7 +83,8 @@ class PythonChild:
             self.stdin: BinaryIO = self.process.stdin
             self.messages: BinaryIO = os.fdopen(read_end, "rb")
         except BaseException:
-            os.close(read_end)
+            with contextlib.suppress(OSError):  # fdopen may have taken it, and closed it, before the interruption
+                os.close(read_end)
             self.process.kill()
             self.process.wait()
             raise
@@ -128,18 +130,41 @@ class _Forked:
         for stream in (sys.stdout, sys.stderr):  # else the child holds a copy of what they buffer, and may write it
             if stream:
                 stream.flush()
-        self.pid = os.fork()
-        if self.pid == 0:  # the child: never returns into the parent's stack
-            _forked_main(entry, what, stdin_read, out)
-        os.close(stdin_read)
-        with contextlib.suppress(OSError):  # as the child does itself: whichever runs first
-            os.setpgid(self.pid, self.pid)
-        self.stdin: BinaryIO = os.fdopen(stdin_write, "wb")
-        self.returncode: int | None = None
+        # Signals held back until the child has its own handlers: a Ctrl-C delivered in between would raise the
+        # caller's KeyboardInterrupt in the child at this very line, and the child would go on as the caller (its
+        # cleanup, the rest of its script); a SIGTERM would run the caller's handler instead of ending it
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        try:
+            self.pid = os.fork()
+            if self.pid == 0:  # the child: never returns into the parent's stack
+                _forked_main(entry, what, stdin_read, out, mask)
+        except BaseException:  # the fork failed (EAGAIN, ENOMEM): nothing started
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            os.close(stdin_read)
+            os.close(stdin_write)
+            raise
+        try:
+            os.close(stdin_read)
+            with contextlib.suppress(OSError):  # as the child does itself: whichever runs first
+                os.setpgid(self.pid, self.pid)
+            self.returncode: int | None = None
+            self.stdin: BinaryIO = os.fdopen(stdin_write, "wb")
+        except BaseException:  # the caller will not know this child: it must not outlive this call
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+            with contextlib.suppress(OSError):
+                os.close(stdin_write)
+            raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
     def poll(self) -> int | None:
         if self.returncode is None:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere (a caller's SIGCHLD set to SIG_IGN): gone, status unknown
+                self.returncode = 0
+                return self.returncode
             if pid:
                 self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
@@ -164,12 +189,19 @@ class _Forked:
                 os.kill(self.pid, number)
 
 
-def _forked_main(entry: str, what: str, stdin: int, out: int) -> NoReturn:
-    """A forked child's life: as a started one's (_BOOT), with its pipes in place of what it inherited."""
+def _forked_main(entry: str, what: str, stdin: int, out: int, mask: set[signal.Signals]) -> NoReturn:
+    """A forked child's life: as a started one's (_BOOT), with its pipes in place of what it inherited, the default
+    signal handlers in place of the caller's, and none of the caller's garbage collected here (an open file in an
+    unreachable cycle would close a descriptor number this child has reused)."""
+    gc.freeze()
     code = 1
     try:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's handler came along; the entry sets its own
+        for number in signal.valid_signals():  # the caller's Python handlers are not this child's
+            if number not in (signal.SIGKILL, signal.SIGSTOP) and callable(signal.getsignal(number)):
+                signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's to handle; the entry sets its own
         os.setpgid(0, 0)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         os.dup2(stdin, 0)
         # the parent's other descriptors (the other children's pipes, its lock file) are not this child's: one kept
         # open here would hide from a sibling that its parent is gone (end_with_stdin)
@@ -177,9 +209,17 @@ def _forked_main(entry: str, what: str, stdin: int, out: int) -> NoReturn:
         os.closerange(out + 1, os.sysconf("SC_OPEN_MAX"))
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
         sys.argv = ["-c", str(out), entry, what]  # as _BOOT's: an entry names itself by sys.argv[3]
-        module, function = entry.split(":")
-        getattr(importlib.import_module(module), function)(os.fdopen(out, "wb"))
+        messages = os.fdopen(out, "wb")
+        try:
+            module, function = entry.split(":")
+            run = getattr(importlib.import_module(module), function)
+        except Exception as exc:
+            send_message(messages, "error", f"{what} could not start: {type(exc).__name__}: {exc}")
+            raise
+        run(messages)
         code = 0
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
     except BaseException:  # nothing to raise into: its parent hears of it through its pipe's end
         with contextlib.suppress(BaseException):
             traceback.print_exc()

@@ -124,6 +124,7 @@ def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assig
         from .models import import_model_code
 
         import_model_code(job.model)
+        fork = _forks_workers(devices)  # again: what was imported may have started a thread or CUDA
     try:
         for device, part in zip(devices, assignment.split(len(devices))):
             worker = PythonChild("lsr_index.executors:worker_main", f"the encoding worker on {device}", fork=fork)
@@ -131,6 +132,7 @@ def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assig
             with contextlib.suppress(OSError):  # dead already: its relay says so
                 pickle.dump((job, out, device, part), worker.stdin)
                 worker.stdin.flush()
+        for worker in workers:  # once all are forked: a relay running beside a fork would make it unsafe
             threading.Thread(target=_relay, args=(worker, inbox), daemon=True).start()
         while len(results) < len(workers):
             try:

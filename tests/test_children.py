@@ -16,6 +16,7 @@ import pytest
 from procs import alive, wait_dead
 
 from lsr_index.children import PythonChild, end_with_stdin, send_message
+from lsr_index.errors import LsrIndexError
 
 
 def echo_main(out) -> None:
@@ -90,3 +91,77 @@ def test_forked_children_end_with_a_killed_parent(tmp_path):
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     assert all(wait_dead(pid, 10) for pid in pids), [pid for pid in pids if alive(pid)]
+
+
+def exit_three_main(out) -> None:
+    sys.exit(3)
+
+
+def test_an_entry_that_cannot_be_imported_says_so_in_one_line():
+    child = PythonChild("no_such_module_here:main", "the missing child", fork=True)
+    try:
+        kind, message = pickle.load(child.messages)
+        assert kind == "error" and message.startswith("the missing child could not start: ModuleNotFoundError")
+    finally:
+        child.close()
+
+
+def test_a_forked_childs_exit_code_is_its_entrys():
+    child = PythonChild("test_children:exit_three_main", "a child", fork=True)
+    assert child.exit_code(10) == 3
+    child.close()
+
+
+def test_the_callers_signal_handlers_are_not_the_forked_childs():
+    """A caller's SIGTERM handler (search installs one) ran inside the child, and `close` then saw exit code 1."""
+    previous = signal.signal(signal.SIGTERM, lambda *_: print("the caller's handler ran", flush=True))
+    try:
+        child = PythonChild("test_children:echo_main", "a child", fork=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    child.close()
+    assert child.process.returncode == -signal.SIGTERM
+
+
+def test_a_failed_fork_is_one_line_and_leaves_no_descriptor(monkeypatch):
+    def refuse():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    before = len(os.listdir("/proc/self/fd"))
+    monkeypatch.setattr(os, "fork", refuse)
+    with pytest.raises(LsrIndexError, match=r"cannot start the child .*Resource temporarily unavailable"):
+        PythonChild("test_children:echo_main", "the child", fork=True)
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+CTRL_C_AT_FORK = textwrap.dedent("""
+    import os, pickle, signal, sys
+    sys.path.insert(0, sys.argv[1])
+    from lsr_index.children import PythonChild
+    fork = os.fork
+    def fork_then_ctrl_c():  # Ctrl-C reaching the new child at once, before it could ignore it
+        pid = fork()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGINT)
+        return pid
+    os.fork = fork_then_ctrl_c
+    try:
+        child = PythonChild("test_children:echo_main", "the child", fork=True)
+        pickle.dump(None, child.stdin)
+        child.stdin.flush()
+        print("answer", pickle.load(child.messages)[0], flush=True)
+        child.close()
+    finally:
+        print("caller done in", os.getpid(), flush=True)
+""")
+
+
+def test_ctrl_c_reaching_a_child_as_it_forks_never_runs_the_callers_code():
+    """Delivered before the child ignored it, the parent's KeyboardInterrupt was raised in the child at the fork,
+    and the child went on as the caller: its cleanup, the rest of its script."""
+    run = subprocess.run([sys.executable, "-c", CTRL_C_AT_FORK, os.path.dirname(__file__)], capture_output=True,
+                         text=True, timeout=60)
+    lines = run.stdout.splitlines()
+    assert run.returncode == 0 and lines[0] == "answer echo" and len(lines) == 2 and \
+        lines[1] == f"caller done in {lines[1].split()[-1]}", (run.stdout, run.stderr)
+    assert "KeyboardInterrupt" not in run.stderr, run.stderr
