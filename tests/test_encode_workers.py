@@ -139,6 +139,7 @@ FORKED = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_forked_workers_write_what_started_ones_write(tmp_path):
     """The fork path GPU workers take, run on CPU: the same shards, byte for byte, as workers started afresh; each
     fork made while this process runs no other thread (the relays start once all are forked)."""
