@@ -3,6 +3,7 @@ caller's script, a worker that dies is one line, and none outlives its parent. R
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -168,3 +169,51 @@ def test_workers_left_without_shards_are_named_in_a_note(tmp_path):
     shared = run_cli("encode", str(SAMPLE), "-o", str(tmp_path / "w"), "--device", "cpu,cpu", "--doc-max-length",
                      "32", "--shard-docs", "100")
     assert shared.returncode == 0 and "note:" not in shared.stderr, shared.stderr
+
+
+FORKED_CLI = textwrap.dedent("""
+    import sys
+    from lsr_index import executors
+    executors._forks_workers = lambda devices: True  # as on GPUs
+    from lsr_index.cli import main
+    sys.argv = ["lsr-index", "encode", sys.argv[1], "-o", sys.argv[2], "--device", "cpu,cpu", "--shard-docs", "200",
+                "--doc-max-length", "32", "--format", "jsonl", "--checkpoint-seconds", "0"]
+    main()
+""")
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_forked_workers_and_the_rerun_writes_an_uninterrupted_runs_bytes(tmp_path):
+    """Ctrl-C as a terminal sends it, to the foreground group: forked workers are in groups of their own, and the
+    parent ends them; what they recorded is kept, and the rerun completes it."""
+    from lsr_index.manifest import Manifest
+
+    lines = SAMPLE.read_text().splitlines()
+    corpus = tmp_path / "c.jsonl"  # 3,200 documents: 16 shards
+    corpus.write_text("".join(line.replace('{"id": "', f'{{"id": "{copy}-', 1) + "\n"
+                              for copy in range(8) for line in lines))
+
+    def cli(out: Path) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-c", FORKED_CLI, str(corpus), str(out)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, process_group=0)
+
+    whole = cli(tmp_path / "whole")
+    assert whole.wait(timeout=600) == 0, whole.communicate()
+    out = tmp_path / "cut"
+    run = cli(out)
+    deadline = time.time() + 300
+    while time.time() < deadline and run.poll() is None and not list((out / "shards").glob("part-*")):
+        time.sleep(0.05)
+    workers = children(run.pid, b"")
+    assert run.poll() is None and len(workers) == 2, "the run ended before it could be interrupted"
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1] == "interrupted: rerun the same command to continue where it stopped"
+    assert all(wait_dead(pid, 10) for pid in workers)
+    kept = Manifest.load(out)
+    assert 1 <= len(kept.shards) < 16
+    rerun = cli(out)
+    assert rerun.wait(timeout=600) == 0, rerun.communicate()
+    assert [(s.file, s.sha256) for s in Manifest.load(out).shards] == \
+        [(s.file, s.sha256) for s in Manifest.load(tmp_path / "whole").shards]
