@@ -126,37 +126,55 @@ class _Forked:
     pid, returncode)."""
 
     def __init__(self, entry: str, what: str, out: int):
-        stdin_read, stdin_write = os.pipe()
         for stream in (sys.stdout, sys.stderr):  # else the child holds a copy of what they buffer, and may write it
             if stream:
                 stream.flush()
-        # Signals held back until the child has its own handlers: a Ctrl-C delivered in between would raise the
-        # caller's KeyboardInterrupt in the child at this very line, and the child would go on as the caller (its
-        # cleanup, the rest of its script); a SIGTERM would run the caller's handler instead of ending it
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        self.pid, self.returncode, self._owner = 0, None, os.getpid()
+        # Signals are held back until the child has its own handlers: a Ctrl-C delivered in between would raise the
+        # caller's KeyboardInterrupt in the child at the fork, and the child would go on as the caller (its cleanup,
+        # the rest of its script); a SIGTERM would run the caller's handler instead of ending it. A signal's Python
+        # handler runs after pthread_sigmask has changed the mask, so each change is undone before it is re-raised.
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, ())  # only reads it
         try:
+            signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+        except BaseException:  # a signal delivered just before: its handler raised once the mask was applied
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            raise
+        # from here to the restore no Python handler can run: this part ends as written, or fails on an OSError
+        pipe: list[int] = []
+        try:
+            pipe = list(os.pipe())
             self.pid = os.fork()
             if self.pid == 0:  # the child: never returns into the parent's stack
-                _forked_main(entry, what, stdin_read, out, mask)
-        except BaseException:  # the fork failed (EAGAIN, ENOMEM): nothing started
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            os.close(stdin_read)
-            os.close(stdin_write)
-            raise
-        try:
-            os.close(stdin_read)
+                _forked_main(entry, what, pipe[0], out, previous)
+            os.close(pipe.pop(0))
             with contextlib.suppress(OSError):  # as the child does itself: whichever runs first
                 os.setpgid(self.pid, self.pid)
-            self.returncode: int | None = None
-            self.stdin: BinaryIO = os.fdopen(stdin_write, "wb")
-        except BaseException:  # the caller will not know this child: it must not outlive this call
-            os.kill(self.pid, signal.SIGKILL)
-            os.waitpid(self.pid, 0)
-            with contextlib.suppress(OSError):
-                os.close(stdin_write)
+            self.stdin: BinaryIO = os.fdopen(pipe[-1], "wb")
+            pipe.pop()
+        except BaseException:  # the fork failed (EAGAIN, ENOMEM), or what follows it: nothing is left started
+            self._end()
+            for fd in pipe:
+                os.close(fd)
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             raise
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        # a signal held back meanwhile is handled here; should its handler raise, this child is never handed over,
+        # and __del__ ends it
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def __del__(self) -> None:
+        if self.pid and self.returncode is None and os.getpid() == self._owner:  # not in a fork of the owner
+            self._end()
+
+    def _end(self) -> None:
+        """Kill and reap it, if it was started and is not reaped yet."""
+        if self.pid and self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGKILL)
+            try:
+                self.returncode = os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])
+            except ChildProcessError:  # reaped elsewhere (a caller's SIGCHLD set to SIG_IGN)
+                self.returncode = -signal.SIGKILL
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -191,8 +209,8 @@ class _Forked:
 
 def _forked_main(entry: str, what: str, stdin: int, out: int, mask: set[signal.Signals]) -> NoReturn:
     """A forked child's life: as a started one's (_BOOT), with its pipes in place of what it inherited, the default
-    signal handlers in place of the caller's, and none of the caller's garbage collected here (an open file in an
-    unreachable cycle would close a descriptor number this child has reused)."""
+    signal handlers in place of the caller's, and the caller's garbage left alone (an open file in an unreachable
+    cycle, collected here, would close a descriptor number this child has reused)."""
     gc.freeze()
     code = 1
     try:
@@ -201,7 +219,13 @@ def _forked_main(entry: str, what: str, stdin: int, out: int, mask: set[signal.S
                 signal.signal(number, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's to handle; the entry sets its own
         os.setpgid(0, 0)
+        # a terminal's stop signal held back since the fork would now stop this child in a group the shell does not
+        # continue: ignored while the mask is restored, which discards it, then as before
+        stops = (signal.SIGTSTP, signal.SIGTTIN, signal.SIGTTOU)
+        kept = [signal.signal(number, signal.SIG_IGN) for number in stops]
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        for number, handler in zip(stops, kept):
+            signal.signal(number, handler)
         os.dup2(stdin, 0)
         # the parent's other descriptors (the other children's pipes, its lock file) are not this child's: one kept
         # open here would hide from a sibling that its parent is gone (end_with_stdin)
@@ -213,13 +237,17 @@ def _forked_main(entry: str, what: str, stdin: int, out: int, mask: set[signal.S
         try:
             module, function = entry.split(":")
             run = getattr(importlib.import_module(module), function)
-        except Exception as exc:
+        except BaseException as exc:  # as _BOOT: one line for the parent, nothing else
             send_message(messages, "error", f"{what} could not start: {type(exc).__name__}: {exc}")
-            raise
+            os._exit(1)
         run(messages)
         code = 0
-    except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else 1
+    except SystemExit as exc:  # as the interpreter ends on one
+        if exc.code is None or isinstance(exc.code, int):
+            code = exc.code or 0
+        else:
+            with contextlib.suppress(BaseException):
+                print(exc.code, file=sys.stderr, flush=True)
     except BaseException:  # nothing to raise into: its parent hears of it through its pipe's end
         with contextlib.suppress(BaseException):
             traceback.print_exc()

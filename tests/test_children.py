@@ -165,3 +165,93 @@ def test_ctrl_c_reaching_a_child_as_it_forks_never_runs_the_callers_code():
     assert run.returncode == 0 and lines[0] == "answer echo" and len(lines) == 2 and \
         lines[1] == f"caller done in {lines[1].split()[-1]}", (run.stdout, run.stderr)
     assert "KeyboardInterrupt" not in run.stderr, run.stderr
+
+
+def exit_quietly_main(out) -> None:
+    sys.exit()
+
+
+def test_an_entry_ending_with_a_bare_sys_exit_exits_0():
+    child = PythonChild("test_children:exit_quietly_main", "a child", fork=True)
+    assert child.exit_code(10) == 0
+    child.close()
+
+
+AT_A_STEP = textwrap.dedent("""
+    import gc, os, pickle, signal, sys
+    sys.path.insert(0, sys.argv[1])
+    from lsr_index.children import PythonChild
+    step, parent = sys.argv[2], os.getpid()
+    def in_the_parent(name, signum):  # a signal reaching the parent at one step of the fork
+        real = getattr(os, name)
+        def patched(*args):
+            if os.getpid() == parent:
+                os.kill(parent, signum)
+            return real(*args)
+        setattr(os, name, patched)
+    if step == "ctrl-c-before-the-fork":
+        in_the_parent("pipe", signal.SIGINT)  # held back: its handler raises at the restore after the fork
+    elif step == "ctrl-c-after-the-fork":
+        in_the_parent("setpgid", signal.SIGINT)
+    elif step == "no-descriptor-after-the-fork":
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the child is reaped by the kernel: waitpid finds none
+        real_fdopen = os.fdopen
+        def fdopen(fd, mode="r", *args, **kwargs):
+            if mode == "wb" and os.getpid() == parent:
+                raise OSError(24, "Too many open files")
+            return real_fdopen(fd, mode, *args, **kwargs)
+        os.fdopen = fdopen
+    fds = set(os.listdir("/proc/self/fd"))
+    try:
+        child = PythonChild("test_children:echo_main", "the child", fork=True)
+        print("started", flush=True)
+        child.close()
+    except BaseException as exc:
+        print(f"raised {type(exc).__name__} {str(exc).split(':')[-1].strip()}".strip(), flush=True)
+    gc.collect()
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+    print("blocked", len(blocked), "new descriptors", len(set(os.listdir("/proc/self/fd")) - fds), flush=True)
+    print("children", [p for p in os.listdir("/proc") if p.isdigit() and
+                       open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] == str(parent)], flush=True)
+""")
+
+
+@pytest.mark.parametrize(("step", "raised"), [
+    ("ctrl-c-before-the-fork", "raised KeyboardInterrupt"),
+    ("ctrl-c-after-the-fork", "raised KeyboardInterrupt"),
+    ("no-descriptor-after-the-fork", "raised LsrIndexError [Errno 24] Too many open files"),
+])
+def test_an_interrupted_or_failed_start_leaves_no_child_no_descriptor_and_no_signal_blocked(step, raised):
+    """A handler's exception at the mask's restore used to leave the child untracked and unreaped, or the parent with
+    every signal blocked; a failure after the fork with SIGCHLD ignored gave 'No child processes' and kept a pipe."""
+    run = subprocess.run([sys.executable, "-c", AT_A_STEP, os.path.dirname(__file__), step], capture_output=True,
+                         text=True, timeout=60)
+    assert run.stdout.splitlines() == [raised, "blocked 0 new descriptors 0", "children []"], (run.stdout,
+                                                                                               run.stderr)
+
+
+CTRL_Z_AT_FORK = textwrap.dedent("""
+    import os, signal, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from lsr_index.children import PythonChild
+    fork = os.fork
+    def fork_then_ctrl_z():  # Ctrl-Z reaching the new child before it left the terminal's group
+        pid = fork()
+        if pid == 0:
+            os.kill(os.getpid(), signal.SIGTSTP)
+        return pid
+    os.fork = fork_then_ctrl_z
+    child = PythonChild("test_children:echo_main", "the child", fork=True)
+    time.sleep(0.5)
+    print(open(f"/proc/{child.process.pid}/stat").read().rsplit(")", 1)[1].split()[0], flush=True)
+    child.close()
+    print(child.process.returncode, flush=True)
+""")
+
+
+def test_ctrl_z_reaching_a_child_as_it_forks_does_not_stop_it_for_good():
+    """Held back until the child had left the terminal's group, it stopped the child where the shell's `fg` never
+    continues it; the parent then waited on it."""
+    run = subprocess.run([sys.executable, "-c", CTRL_Z_AT_FORK, os.path.dirname(__file__)], capture_output=True,
+                         text=True, timeout=60)
+    assert run.stdout.split() == ["S", str(-signal.SIGTERM)], (run.stdout, run.stderr)
