@@ -95,7 +95,7 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
     lsr-index build                          # → lsr-out/index (Lucene impact index)
     lsr-index search --queries q.tsv --qrels qrels.tsv   # → lsr-out/runs/q.trec + metrics
     """
-    ctx.obj = {"workdir": workdir, "progress": not quiet}
+    ctx.obj = {"workdir": workdir, "progress": not quiet, "started": time.perf_counter()}
 
 
 @main.command()
@@ -178,13 +178,15 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
             quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
             backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"]))
     manifest = cluster.encode(job, out) if cluster else encode_corpus(job, out, devices)
-    _report_encoding(manifest, out, value("doc_max_length"))
+    _report_encoding(manifest, out, value("doc_max_length"), time.perf_counter() - ctx.obj["started"])
     if manifest.skipped:
         click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.jsonl'}", err=True)
 
 
-def _report_encoding(manifest, out: Path, doc_max_length: int) -> None:
-    """The summary: documents, rates with start-up apart (model load, first read), truncation."""
+def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: float) -> None:
+    """The summary: documents, rates with start-up apart (model load, first read), truncation; and the command's
+    whole time, which adds torch's and transformers' imports and the plan (~7 s on a GPU host: the encode clock
+    starts after them)."""
     stats = manifest.stats
     startup = max((w["startup_seconds"] for w in stats.get("per_worker", [])), default=0.0)
     after = stats["docs_this_run"] / max(stats["seconds"] - startup, 1e-9)
@@ -192,7 +194,8 @@ def _report_encoding(manifest, out: Path, doc_max_length: int) -> None:
                f"{stats['seconds']:.1f} s: start-up {startup:.1f} s, then {after:,.1f} docs/s "
                f"({stats['docs_per_second']:,.1f} docs/s overall, {stats['tokens_per_second']:,.0f} tokens/s, "
                f"{stats['nonzeros_per_doc']:.1f} nonzeros/doc"
-               + (f", resumed at document {stats['resumed_at']:,}" if stats["resumed_at"] else "") + ")")
+               + (f", resumed at document {stats['resumed_at']:,}" if stats["resumed_at"] else "")
+               + f"; {command_seconds:.1f} s since the command started)")
     workers = stats.get("per_worker", [])
     busiest = max((w["docs"] for w in workers), default=0)
     if len(workers) > 1 and busiest > 1.5 * stats["docs_this_run"] / len(workers):

@@ -500,3 +500,14 @@ def test_a_closed_prefetch_stops_reading_and_its_thread_ends():
     while threading.active_count() > before and time.time() < deadline:
         time.sleep(0.01)
     assert threading.active_count() == before
+
+
+def test_the_summary_gives_the_commands_whole_time_beside_the_encode_clock(tmp_path, splade_tiny):
+    """The encode clock starts after the imports and the plan (~7 s on a GPU host), which a user waits for too."""
+    import re
+
+    done = run_cli("encode", str(SAMPLE), "-o", str(tmp_path / "v"), "--doc-max-length", "16")
+    assert done.returncode == 0, done.stderr
+    found = re.search(r"in ([\d.]+) s: start-up .*; ([\d.]+) s since the command started\)$", done.stdout.strip())
+    assert found, done.stdout
+    assert float(found[2]) >= float(found[1]) > 0
