@@ -65,6 +65,7 @@ def _splade_max_kernel(
     DOT_PRECISION: tl.constexpr,  # fp32 inputs: "tf32x3" keeps fp32 accuracy on the tensor cores
     SLAB: tl.constexpr,  # columns per epilogue slab (a power of two dividing BLOCK_L)
     DOUBLE_LOG: tl.constexpr,  # activation log1p(log1p(relu(x))) instead of log1p(relu(x)); compiled out when off
+    FAST_LOG: tl.constexpr,  # the hardware's approximate log2 (GPU); off: a portable log1p (the interpreter's)
 ):
     n_chunks = tl.cdiv(T, BLOCK_L)
     per_group = GROUP_L * tl.cdiv(V, BLOCK_V)
@@ -119,11 +120,12 @@ def _splade_max_kernel(
         cut_first = first_begin < row0
         cut_last = last_end > row0 + BLOCK_L
         first_out = out_ptr + first_doc.to(tl.int64) * stride_out + offs_v  # int64: B·V may pass 2**31
-        # the open document d covers the chunk's rows [begin, end); the next one ends at following
+        # the open document d covers rows [begin, end); the next one ends at following. Absolute rows: a relative
+        # `following` made the loop wait for its load at once, where the next use is a document later.
         d = first_doc
-        begin = first_begin - row0
-        end = first_end - row0
-        following = tl.load(start_ptr + tl.minimum(d + 2, last_doc + 1)) - row0
+        begin = first_begin
+        end = first_end
+        following = tl.load(start_ptr + tl.minimum(d + 2, last_doc + 1))
         part = tl.full((BLOCK_V, SLAB), float("-inf"), dtype=tl.float32)
         for s in tl.static_range(BLOCK_L // SLAB):
             # documents d .. that end inside this slab (past T, all that are left)
@@ -131,33 +133,45 @@ def _splade_max_kernel(
             if n_end == 0:
                 part = tl.maximum(part, slabs[s])
             else:
-                cols = s * SLAB + tl.arange(0, SLAB)
+                cols = row0 + s * SLAB + tl.arange(0, SLAB)
                 for _ in range(n_end):  # finish and write each
                     inside = (cols >= begin) & (cols < end)
                     part = tl.maximum(part, tl.where(inside[None, :], slabs[s], float("-inf")))
                     atomic = (d == first_doc) & cut_first
                     _write(first_out + (d - first_doc) * stride_out,
-                           _activate(tl.max(part, axis=1) + bias, DOUBLE_LOG), v_ok, atomic)
+                           _activate(tl.max(part, axis=1) + bias, DOUBLE_LOG, FAST_LOG), v_ok, atomic)
                     part = tl.full((BLOCK_V, SLAB), float("-inf"), dtype=tl.float32)
                     d += 1
                     begin = end
                     end = following
-                    following = tl.load(start_ptr + tl.minimum(d + 2, last_doc + 1)) - row0  # in flight meanwhile
+                    following = tl.load(start_ptr + tl.minimum(d + 2, last_doc + 1))  # in flight meanwhile
                 if d <= last_doc:  # the document open past this slab
                     part = tl.maximum(part, tl.where((cols >= begin)[None, :], slabs[s], float("-inf")))
         if d <= last_doc:  # it runs past the chunk (or ends exactly at its last row)
             atomic = ((d == first_doc) & cut_first) | cut_last
-            _write(first_out + (d - first_doc) * stride_out, _activate(tl.max(part, axis=1) + bias, DOUBLE_LOG), v_ok,
-                   atomic)
+            _write(first_out + (d - first_doc) * stride_out,
+                   _activate(tl.max(part, axis=1) + bias, DOUBLE_LOG, FAST_LOG), v_ok, atomic)
 
 
 @triton.jit
-def _activate(x, DOUBLE_LOG: tl.constexpr):
+def _activate(x, DOUBLE_LOG: tl.constexpr, FAST_LOG: tl.constexpr):
     """The activation, applied once per (document, tile) to the max: both choices are monotone and map -inf to 0."""
-    y = _log1p_relu(x)
+    y = _fast_log1p_relu(x) if FAST_LOG else _log1p_relu(x)
     if DOUBLE_LOG:
-        y = _log1p_relu(y)
+        y = _fast_log1p_relu(y) if FAST_LOG else _log1p_relu(y)
     return y
+
+
+@triton.jit
+def _fast_log1p_relu(x):
+    """log1p(relu(x)) as log2(1 + x)·ln 2 on the hardware's approximate log2 (MUFU.LG2). Why: the max is replicated
+    across the 4 threads of an MMA quad, so each finished document costs every thread 4 logs, and libdevice's logf (a
+    polynomial of ~20 instructions with range checks) made the per-document loop 236 sm_90 instructions (102 with
+    this); the packed head ran 4-5% slower (benchmarks/NOTES_head.md, v7). Differs from the portable path by ≤ 4.8e-7
+    on the benchmark's shapes (impacts are weights × 100, rounded)."""
+    u = 1.0 + tl.maximum(x, 0.0)
+    return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [u], dtype=tl.float32, is_pure=True,
+                                     pack=1) * 0.6931471805599453
 
 
 @triton.jit
@@ -329,14 +343,14 @@ def _launch(
 
     if config is None and not cpu and tokens.dtype == torch.float32:
         with _on(tokens.device):
-            _splade_max_tuned[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log)
+            _splade_max_tuned[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log, FAST_LOG=True)
         return out
     if config is None and not cpu:
         if hidden % _CONFIG_16.kwargs["BLOCK_K"]:
             raise ValueError(f"sparton: no config fits hidden size {hidden}: use a multiple of 64 for 16-bit inputs")
         config = {**_CONFIG_16.kwargs, "num_warps": _CONFIG_16.num_warps, "num_stages": _CONFIG_16.num_stages}
     config = config or INTERPRETER_CONFIG
-    config = {"SLAB": min(16, config["BLOCK_L"]), **config}
+    config = {"SLAB": min(16, config["BLOCK_L"]), "FAST_LOG": not cpu, **config}  # the interpreter runs no assembly
     _set_block_shapes({"tokens_desc": tokens_desc, "weight_desc": weight_desc, **config})
     with _on(tokens.device):
         _splade_max_kernel[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log, **config)
@@ -353,8 +367,9 @@ def splade_max_triton(
     activation: str = "log1p_relu",
 ) -> Tensor:
     """Padded input: hidden [B, L, H], mask [B, L] (nonzero = keep). out and config are for tests and tuning:
-    out is overwritten, config ({BLOCK_V, BLOCK_L, BLOCK_K, GROUP_L[, SLAB, num_warps, num_stages]}) skips
-    autotuning. activation: "log1p_relu" or "log1p_log1p_relu"."""
+    out is overwritten, config ({BLOCK_V, BLOCK_L, BLOCK_K, GROUP_L[, SLAB, FAST_LOG, num_warps, num_stages]})
+    skips autotuning (FAST_LOG=False: the portable log1p on a GPU too).
+    activation: "log1p_relu" or "log1p_log1p_relu"."""
     batch, seq, hidden_size = hidden.shape
     if mask.shape != (batch, seq):
         raise ValueError(f"sparton: mask {tuple(mask.shape)} does not match hidden {tuple(hidden.shape)}")

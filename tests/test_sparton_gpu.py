@@ -112,6 +112,26 @@ def test_pooling_variants(pooling, activation, seed):
     assert (out[0] == 0).all(), f"zero-length document (seed {seed})"
 
 
+@pytest.mark.parametrize("activation", ["log1p_relu", "log1p_log1p_relu"])
+def test_the_hardware_log_stays_within_a_few_ulp_of_the_portable_one(activation, seed):
+    """The GPU path's activation uses the hardware's approximate log2; the same launch with FAST_LOG off takes the
+    portable log1p (the interpreter's): on logits up to ~20 the two agree to well below an impact's resolution."""
+    w, b, g = _weights(seed, 30_522, torch.bfloat16)
+    lengths = [37, 0, 300, 1, 128, 129, 60]
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    tokens = (6 * torch.randn(sum(lengths), HIDDEN, device="cuda", generator=g)).to(torch.bfloat16)
+    tile = sparton.splade_head._CONFIG_16
+    portable = {**tile.kwargs, "num_warps": tile.num_warps, "num_stages": tile.num_stages, "FAST_LOG": False}
+    head = sparton.splade_head.splade_max_packed_triton
+    with torch.inference_mode():
+        fast = head(tokens, w, b, cu, activation=activation)
+        slow = head(tokens, w, b, cu, config=portable, activation=activation)
+        ref = sparton.splade_max_packed_reference(tokens.double(), w.double(), b.double(), cu, activation=activation)
+    assert slow.max() > 2.5 if activation == "log1p_relu" else slow.max() > 1.2, "the logits span too little"
+    assert torch.allclose(fast, slow, rtol=5e-7, atol=1e-6), f"max diff {(fast - slow).abs().max():.2e} (seed {seed})"
+    assert _rel_err(fast, ref) <= 1e-5 and _rel_err(slow, ref) <= 1e-5, f"seed {seed}"
+
+
 def test_torch_compile_traces_the_custom_op(seed):
     w, b, g = _weights(seed, 30_522, torch.bfloat16)
     h = torch.randn(4, 64, HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
