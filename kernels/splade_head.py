@@ -336,6 +336,7 @@ def _launch(
     args += (min(_pow2(len_hint), 512), int(n_rows >= 16384))
     precision = "tf32x3" if tokens.dtype == torch.float32 else "tf32"  # ignored for 16-bit operands
     double_log = _double_log(activation)
+    fast_log = not cpu and torch.version.hip is None  # inline PTX: neither the interpreter nor ROCm runs it
 
     def grid(meta: dict) -> tuple[int]:
         tiles = triton.cdiv(n_rows, meta["BLOCK_L"]) * triton.cdiv(n_vocab, meta["BLOCK_V"])
@@ -343,14 +344,14 @@ def _launch(
 
     if config is None and not cpu and tokens.dtype == torch.float32:
         with _on(tokens.device):
-            _splade_max_tuned[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log, FAST_LOG=True)
+            _splade_max_tuned[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log, FAST_LOG=fast_log)
         return out
     if config is None and not cpu:
         if hidden % _CONFIG_16.kwargs["BLOCK_K"]:
             raise ValueError(f"sparton: no config fits hidden size {hidden}: use a multiple of 64 for 16-bit inputs")
         config = {**_CONFIG_16.kwargs, "num_warps": _CONFIG_16.num_warps, "num_stages": _CONFIG_16.num_stages}
     config = config or INTERPRETER_CONFIG
-    config = {"SLAB": min(16, config["BLOCK_L"]), "FAST_LOG": not cpu, **config}  # the interpreter runs no assembly
+    config = {"SLAB": min(16, config["BLOCK_L"]), "FAST_LOG": fast_log, **config}
     _set_block_shapes({"tokens_desc": tokens_desc, "weight_desc": weight_desc, **config})
     with _on(tokens.device):
         _splade_max_kernel[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log, **config)
