@@ -8,6 +8,7 @@ medians and the SM clock, and writes results/ab_head_<GPU>.json.
 """
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import statistics
@@ -50,10 +51,16 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=bh.RESULTS)
     args = parser.parse_args()
     kernels = {"before": load_kernel_file(args.before), "after": bh.sparton.splade_head}
+    after_file = Path(kernels["after"].__file__)
+    digests = {name: hashlib.sha256(path.read_bytes()).hexdigest() for name, path in
+               (("before", args.before), ("after", after_file))}
+    if digests["before"] == digests["after"]:
+        sys.exit(f"ab_head: {args.before} is the kernel being tested ({after_file}): nothing to compare")
     bh.MONITOR = bh.GpuMonitor()
     gpu = torch.cuda.get_device_name()
     tflops, state = bh.matmul_peak_tflops(warmup_ms=2000)
-    print(f"{gpu}: bf16 matmul {tflops:.0f} TFLOP/s warm {bh._state(state)}; torch {torch.__version__}", flush=True)
+    print(f"{gpu}: bf16 matmul {tflops:.0f} TFLOP/s warm {bh._state(state)}; torch {torch.__version__}; kernel files "
+          f"sha256 before {digests['before'][:12]}, after {digests['after'][:12]}", flush=True)
     rows = []
     for kind, vocab, batch, dtype in SHAPES:
         hidden, weight, bias, mask = bh.make_inputs(batch if kind == "padded" else 1, vocab, dtype)
@@ -87,8 +94,8 @@ def main() -> None:
     print(f"bf16 matmul after: {after:.0f} TFLOP/s {bh._state(state_after)}", flush=True)
     bh.MONITOR.close()
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"gpu": gpu, "torch": torch.__version__, "before": str(args.before), "rounds": args.rounds,
-            "matmul_bf16_tflops": [tflops, after]}
+    meta = {"gpu": gpu, "torch": torch.__version__, "before_sha256": digests["before"],
+            "after_sha256": digests["after"], "rounds": args.rounds, "matmul_bf16_tflops": [tflops, after]}
     tag = gpu.replace(" ", "_")
     (args.out / f"ab_head_{tag}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 

@@ -243,11 +243,12 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     return kept
 
 
-# fp32 only. cache_results: the choice is kept on disk (Triton's cache), so a fresh process (each GPU worker of an
-# encode run) does not re-time every config. 16-bit inputs bypass the autotuner: Triton 3.6 still times a config
-# that pruning left alone, in every process, for every new key, after hashing its own sources for the disk cache's
-# key (0.4 s at the first launch on an H200 host; the timing waits for the GPU's queue): a cold run's first batches
-# waited on it.
+# fp32 only. cache_results asks Triton to keep the choice on disk for fresh processes, but its autotuner (3.9's source,
+# read here) skips the disk cache when a config has a pre_hook, and each of these has one (the TMA block shapes): an
+# fp32 run times its two configs once per process and key. 16-bit inputs bypass the autotuner: Triton 3.6 still
+# times a config that pruning left alone, in every process, for every new key, after hashing its own sources for the
+# disk cache's key (0.4 s at the first launch on an H200 host; the timing waits for the GPU's queue): a cold run's
+# first batches waited on it.
 _splade_max_tuned = triton.autotune(
     configs=_CONFIGS_32,
     key=["H", "V", "LEN_KEY", "ROWS_KEY"],
@@ -336,7 +337,7 @@ def _launch(
     args += (min(_pow2(len_hint), 512), int(n_rows >= 16384))
     precision = "tf32x3" if tokens.dtype == torch.float32 else "tf32"  # ignored for 16-bit operands
     double_log = _double_log(activation)
-    fast_log = not cpu and torch.version.hip is None  # inline PTX: neither the interpreter nor ROCm runs it
+    fast_log = tokens.is_cuda and not INTERPRETED and torch.version.hip is None  # inline PTX: not interpreted, not ROCm
 
     def grid(meta: dict) -> tuple[int]:
         tiles = triton.cdiv(n_rows, meta["BLOCK_L"]) * triton.cdiv(n_vocab, meta["BLOCK_V"])
@@ -351,7 +352,8 @@ def _launch(
             raise ValueError(f"sparton: no config fits hidden size {hidden}: use a multiple of 64 for 16-bit inputs")
         config = {**_CONFIG_16.kwargs, "num_warps": _CONFIG_16.num_warps, "num_stages": _CONFIG_16.num_stages}
     config = config or INTERPRETER_CONFIG
-    config = {"SLAB": min(16, config["BLOCK_L"]), "FAST_LOG": fast_log, **config}
+    config = {"SLAB": min(16, config["BLOCK_L"]), **config}
+    config["FAST_LOG"] = fast_log and config.get("FAST_LOG", True)  # a config may turn it off, not on
     _set_block_shapes({"tokens_desc": tokens_desc, "weight_desc": weight_desc, **config})
     with _on(tokens.device):
         _splade_max_kernel[grid](*args, DOT_PRECISION=precision, DOUBLE_LOG=double_log, **config)
