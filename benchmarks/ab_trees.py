@@ -1,7 +1,7 @@
 """Two trees of lsr-index against each other on one host: run this once per tree and round, alternating, with the
 tree's directory first on PYTHONPATH (this script's own directory supplies the benchmark helpers). For BERT-base
 131k and XLM-R base 32k synthetic documents: file → shards end to end (a warm run, then two), then the model-only
-rate twice.
+rate twice (not with --fresh, which runs each end to end in a new process, as a user's run starts).
 
     git archive REV lsr_index | tar -x -C /tmp/old
     for round in 1 2; do
@@ -17,7 +17,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from bench_encode import make_model, run_lsr_index, run_lsr_model_only, synthetic_corpus, words_from
+from bench_encode import (
+    make_model,
+    run_lsr_index,
+    run_lsr_index_fresh,
+    run_lsr_model_only,
+    synthetic_corpus,
+    words_from,
+)
 
 import lsr_index
 
@@ -27,6 +34,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, required=True, help="directory with a BERT tokenizer.json")
     parser.add_argument("--label", required=True, help="the tree's name in the output")
     parser.add_argument("--work", type=Path, default=Path("/tmp/ab_trees"))
+    parser.add_argument("--fresh", action="store_true",
+                        help="each run in a new process that has not used CUDA, as a user's run (else in this one)")
     args = parser.parse_args()
     work, device = args.work, "cuda:0"
     work.mkdir(parents=True, exist_ok=True)
@@ -40,14 +49,16 @@ def main() -> None:
         texts = [json.loads(line)["text"] for line in corpus.open()]
         rows = []
         for i in range(3):
-            r = run_lsr_index(model, corpus, work / f"out-{args.label}", (device,), "bfloat16", 131072)
+            r = (run_lsr_index_fresh if args.fresh else run_lsr_index)(model, corpus, work / f"out-{args.label}",
+                                                                       (device,), "bfloat16", 131072)
             w = r["per_worker"][0]
             if i:
                 rows.append(f"{r['docs'] / r['seconds']:,.0f} (start-up {w['startup_seconds']:.2f} s, then "
                             f"{w['docs_per_second_after_startup']:,.0f})")
-        alone = [n / run_lsr_model_only(model, texts, device, torch.bfloat16, 131072)["seconds"] for _ in range(2)]
-        print(f"{args.label} {arch}: " + "; ".join(rows) + f"; model only {alone[0]:,.0f} / {alone[1]:,.0f}",
-              flush=True)
+        if not args.fresh:  # a fresh run's comparison is the trees' start, not the model
+            alone = [n / run_lsr_model_only(model, texts, device, torch.bfloat16, 131072)["seconds"] for _ in range(2)]
+            rows.append(f"model only {alone[0]:,.0f} / {alone[1]:,.0f}")
+        print(f"{args.label} {arch}: " + "; ".join(rows), flush=True)
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ def sync(device: str) -> None:
 
 
 def reset_peak(device: str) -> None:
-    if device.startswith("cuda"):
+    """Not in a process that has not used CUDA yet (run_lsr_index_fresh): nothing to reset, and CUDA initialized
+    here would take its set-up out of lsr-index's start-up, which a user's run pays."""
+    if device.startswith("cuda") and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
 
@@ -275,7 +277,8 @@ def run_lsr_index_fresh(model_dir: Path, corpus: Path, out: Path, devices: tuple
 
     args = {"model_dir": str(model_dir), "corpus": str(corpus), "out": str(out), "devices": list(devices),
             "dtype": dtype, "max_tokens": max_tokens}
-    run = subprocess.run([sys.executable, "-c", _FRESH, str(Path(__file__).parent), json.dumps(args)],
+    # -P: the tree on PYTHONPATH, not a checkout in the working directory (ab_trees.py --fresh runs two trees)
+    run = subprocess.run([sys.executable, "-P", "-c", _FRESH, str(Path(__file__).parent), json.dumps(args)],
                          stdout=subprocess.PIPE, text=True, check=True)
     return json.loads(run.stdout.rsplit("RESULT ", 1)[1])
 
