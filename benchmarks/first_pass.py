@@ -34,6 +34,8 @@ def main() -> None:
         texts = synthetic_corpus(corpus, args.docs, words_from(args.tokenizer))
         make_model(args.model, model, args.tokenizer, "cuda:0", False, texts[:64])
         return
+    if not corpus.exists() or not (model / "config.json").exists():
+        parser.error(f"no model or corpus under {args.work}: run with --make first")
     from lsr_index.encoder import SpladeEncoder
     from lsr_index.models import load_model
     from lsr_index.quantize import Quantization, quantize
