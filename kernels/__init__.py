@@ -27,6 +27,7 @@ except ImportError:  # triton is an optional dependency (the "gpu" extra); the r
 __all__ = [
     "ACTIVATIONS",
     "POOLINGS",
+    "prepare",
     "splade_max",
     "splade_max_packed",
     "splade_max_packed_reference",
@@ -100,3 +101,11 @@ def splade_max_packed(
         _forbid_grad(hidden, weight, bias)
         return torch.ops.sparton.splade_max_packed(hidden, weight, bias, cu_seqlens, max_seqlen, activation)
     return splade_max_packed_reference(hidden, weight, bias, cu_seqlens, pooling=pooling, activation=activation)
+
+
+def prepare() -> None:
+    """The part of a process's first Triton launch that needs no GPU, done now: Triton keys its on-disk cache by a
+    hash of its own sources and library (~0.4 s on an H100 host, once per process: benchmarks/NOTES_encode.md). Call
+    it in a thread beside other start-up work; the hashing holds the GIL little."""
+    if splade_head is not None:
+        splade_head.prepare()

@@ -275,6 +275,15 @@ def interpreting() -> bool:
     return True
 
 
+def prepare() -> None:
+    """sparton.prepare: Triton's cache key, computed once per process (lru_cache) and kept for the first launch."""
+    try:
+        from triton.runtime.cache import triton_key
+    except ImportError:  # a Triton that keys its cache elsewhere: its first launch computes what it needs
+        return
+    triton_key()
+
+
 def _double_log(activation: str) -> bool:
     if activation not in ACTIVATIONS:
         raise ValueError(f"sparton: activation must be one of {ACTIVATIONS}, got {activation!r}")

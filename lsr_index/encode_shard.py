@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -304,16 +304,25 @@ class ShardEncoder:
                 _expandable_cuda_memory()
             import torch
 
+            import sparton
+
             from .encoder import SpladeEncoder
             from .models import load_model
 
-            if self.device.startswith("cuda"):
-                torch.cuda.set_device(self.device)
-            model = load_model(self.job.model, device=self.device, dtype=getattr(torch, self.job.dtype),
-                               tokenizer=tokenizer)
+            with ThreadPoolExecutor(1, thread_name_prefix="kernel-prepare") as beside:
+                prepared = None
+                if self.device.startswith("cuda"):
+                    torch.cuda.set_device(self.device)
+                    prepared = beside.submit(sparton.prepare)  # beside the load, off the warm-up's path
+                model = load_model(self.job.model, device=self.device, dtype=getattr(torch, self.job.dtype),
+                                   tokenizer=tokenizer)
+                if prepared:
+                    prepared.result()
             self.loaded_at = time.time()
-            self._encoder.set_result(SpladeEncoder(model, max_tokens=self.job.options.max_tokens,
-                                                   backend=self.job.options.backend, tokenizer=self.tokenizer))
+            encoder = SpladeEncoder(model, max_tokens=self.job.options.max_tokens, backend=self.job.options.backend,
+                                    tokenizer=self.tokenizer)
+            encoder.warm_up(self.job.options.doc_max_length, partial(quantize, q=self.job.options.quantization))
+            self._encoder.set_result(encoder)
         except BaseException as exc:
             self._encoder.set_exception(exc)
 

@@ -30,6 +30,20 @@ def test_kernel_encoder_matches_cpu_encoder(dtype):
     assert agree / max(a.nnz, b.nnz) > (0.995 if dtype == torch.float32 else 0.95)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_warm_up_leaves_the_counts_and_the_vectors_as_they_were(dtype):
+    """The warm-up's made-up batches (a size that is not a multiple of its documents, and one past max_tokens) go
+    through `then` and are neither counted nor kept; what is encoded after is what a cold encoder gives."""
+    model = load_model("splade-tiny", device="cuda", dtype=dtype)
+    cold = SpladeEncoder(model, max_tokens=2048).encode(TEXTS, 256)
+    warm = SpladeEncoder(model, max_tokens=2048)
+    seen = []
+    warm.warm_up(40, then=lambda w: seen.append(w.shape) or w, sizes=(300, 5000))
+    assert (warm.n_docs, warm.n_tokens) == (0, 0)
+    assert sum(rows for rows, _ in seen) == 8 + 125 and {v for _, v in seen} == {model.vocab_size}
+    torch.testing.assert_close(warm.encode(TEXTS, 256), cold, rtol=0, atol=0)
+
+
 def test_stream_of_items_matches_each_item_alone_on_cuda():
     from test_encoder import _stream_vs_items
 

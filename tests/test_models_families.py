@@ -23,9 +23,9 @@ from tiny_models import KINDS, TEXTS, config_for, reference_weights, save_masked
 
 import sparton
 from lsr_index import packed_body
-from lsr_index.encoder import SpladeEncoder
+from lsr_index.encoder import SpladeEncoder, made_up_tokens
 from lsr_index.errors import LsrIndexError
-from lsr_index.models import load_model
+from lsr_index.models import load_model, max_length
 from lsr_index.packed_body import PACKED_FAMILIES
 
 
@@ -106,6 +106,21 @@ def test_family_triton_kernel_equals_the_full_masked_lm(kind, tmp_path):
     model = load_model(str(path))
     got = SpladeEncoder(model, max_tokens=40, backend="triton").encode(TEXTS, max_length=24)
     torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, TEXTS, 24), rtol=3e-4, atol=3e-4)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_the_warm_up_documents_fit_every_family(kind, tmp_path):
+    """The warm-up's made-up documents stay inside the model's positions and embedding rows at the longest length a
+    run may ask for (here 64 or 66 positions): on a GPU an index past either is a device-side assert that ends the
+    process. Their CPU path raises instead, so they are run through it."""
+    path, _, _ = save_masked_lm(kind, tmp_path, pickled=False)
+    model = load_model(str(path))
+    limit = max_length(path)
+    tokens = made_up_tokens(300, limit, model.body)
+    assert tokens.lengths.sum() == len(tokens.ids) == 300 and tokens.lengths.max() == min(128, limit)
+    assert tokens.ids.max() < model.body.get_input_embeddings().num_embeddings
+    encoder = SpladeEncoder(model, max_tokens=128, backend="torch")
+    assert sum(len(positions) for positions, _ in encoder.encode_ids(tokens)) == len(tokens.lengths)
 
 
 def test_decoder_rows_past_the_tokenizer_are_dropped(tmp_path):
