@@ -4,14 +4,16 @@ shape and per CUDA resource shows apart from the pipeline. Run it once to make t
 measurement, each in a new process:
 
     python benchmarks/first_pass.py --tokenizer DIR --model xlmr-base --docs 32768 --make
-    python benchmarks/first_pass.py --tokenizer DIR --model xlmr-base --docs 32768 [--profile]
+    python benchmarks/first_pass.py --tokenizer DIR --model xlmr-base --docs 32768 [--profile] [--warm-up default]
 
-`--profile` prints each pass's host-side time by operation (torch.profiler, CPU activities)."""
+`--profile` prints each pass's host-side time by operation (torch.profiler, CPU activities); `--warm-up` runs the
+encoder's warm-up after the model's load, as the encode pipeline does, and times it apart."""
 
 import argparse
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,6 +29,12 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/first_pass"))
     parser.add_argument("--make", action="store_true", help="make the model and the corpus, then stop")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--warm-up", default="", metavar="SIZES",
+                        help="run SpladeEncoder.warm_up first with these batch sizes in tokens (comma-separated; "
+                             "'default': the encoder's own), timed apart")
+    parser.add_argument("--profile-warm-up", action="store_true", help="print the warm-up's cProfile (cumulative)")
+    parser.add_argument("--prepare", action="store_true",
+                        help="run sparton.prepare in a thread beside the model's load, as the encode pipeline does")
     args = parser.parse_args()
     corpus, model = args.work / f"{args.model}-{args.docs}.jsonl", args.work / args.model
     if args.make:
@@ -36,16 +44,43 @@ def main() -> None:
         return
     if not corpus.exists() or not (model / "config.json").exists():
         parser.error(f"no model or corpus under {args.work}: run with --make first")
-    from lsr_index.encoder import SpladeEncoder
+    import sparton
+    from lsr_index.encode_shard import _expandable_cuda_memory
+    from lsr_index.encoder import WARM_UP_SIZES, SpladeEncoder
     from lsr_index.models import load_model
     from lsr_index.quantize import Quantization, quantize
 
+    _expandable_cuda_memory()  # the allocator as the CLI sets it
     texts = [json.loads(line)["text"] for line in corpus.open()]
-    encoder = SpladeEncoder(load_model(str(model), device="cuda:0", dtype=torch.bfloat16), max_tokens=131072)
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(1) as beside:
+        prepared = beside.submit(sparton.prepare) if args.prepare else None
+        encoder = SpladeEncoder(load_model(str(model), device="cuda:0", dtype=torch.bfloat16), max_tokens=131072)
+        if prepared:
+            prepared.result()
+    print(f"{args.model} model loaded in {time.perf_counter() - t0:.2f} s", flush=True)
     tokens = encoder.tokenize(texts, 256)
 
+    def then(weights: torch.Tensor) -> object:
+        return quantize(weights, Quantization())
+
+    if args.warm_up:
+        sizes = WARM_UP_SIZES if args.warm_up == "default" else tuple(int(s) for s in args.warm_up.split(","))
+        t0 = time.perf_counter()
+        if args.profile_warm_up:
+            import cProfile
+            import pstats
+
+            with cProfile.Profile() as warm_up_profile:
+                encoder.warm_up(256, then, sizes)
+        else:
+            encoder.warm_up(256, then, sizes)
+        print(f"{args.model} warm-up {sizes}: {time.perf_counter() - t0:.2f} s", flush=True)
+        if args.profile_warm_up:
+            pstats.Stats(warm_up_profile).sort_stats("cumulative").print_stats(40)
+
     def one_pass() -> int:
-        return sum(v.nnz for _, v in encoder.encode_ids(tokens, then=lambda w: quantize(w, Quantization())))
+        return sum(v.nnz for _, v in encoder.encode_ids(tokens, then=then))
 
     for number in (1, 2):
         torch.cuda.synchronize()
