@@ -313,7 +313,8 @@ class ShardEncoder:
                 prepared = None
                 if self.device.startswith("cuda"):
                     torch.cuda.set_device(self.device)
-                    prepared = beside.submit(sparton.prepare)  # beside the load, off the warm-up's path
+                    if self.job.options.backend != "torch":  # the Triton head will run: its key beside the load
+                        prepared = beside.submit(sparton.prepare)
                 model = load_model(self.job.model, device=self.device, dtype=getattr(torch, self.job.dtype),
                                    tokenizer=tokenizer)
                 if prepared:

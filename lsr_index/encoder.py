@@ -32,9 +32,13 @@ def _identity(weights: torch.Tensor) -> torch.Tensor:
 
 
 def made_up_tokens(size: int, max_length: int, body: torch.nn.Module) -> Tokens:
-    """`size` tokens in documents of min(128, max_length) tokens (the last one shorter), ids any text could give
-    (inside the body's embedding, past the first 1,000 ids where special tokens live in most vocabularies)."""
-    length = min(128, max_length)
+    """`size` tokens in documents of up to 128 tokens, no longer than max_length or the body's positions allow (the
+    last one shorter). Ids inside the body's embedding: past the first 1,000, where most vocabularies keep their
+    special tokens, when it has 2,000 rows or more, else any (special ones included: a text may hold them too)."""
+    if size < 1:
+        raise ValueError(f"a warm-up batch needs at least one token, not {size}")
+    positions = getattr(body.config, "max_position_embeddings", None)
+    length = min(128, max_length, positions - 2 if positions else 128)  # RoBERTa's positions start at pad + 1
     lengths = np.full(-(-size // length), length, np.int64)
     lengths[-1] = size - length * (len(lengths) - 1)
     rows = body.get_input_embeddings().num_embeddings

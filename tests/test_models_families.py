@@ -116,11 +116,27 @@ def test_the_warm_up_documents_fit_every_family(kind, tmp_path):
     path, _, _ = save_masked_lm(kind, tmp_path, pickled=False)
     model = load_model(str(path))
     limit = max_length(path)
-    tokens = made_up_tokens(300, limit, model.body)
-    assert tokens.lengths.sum() == len(tokens.ids) == 300 and tokens.lengths.max() == min(128, limit)
-    assert tokens.ids.max() < model.body.get_input_embeddings().num_embeddings
     encoder = SpladeEncoder(model, max_tokens=128, backend="torch")
-    assert sum(len(positions) for positions, _ in encoder.encode_ids(tokens)) == len(tokens.lengths)
+    for length in (limit, 2):
+        tokens = made_up_tokens(300, length, model.body)
+        assert tokens.lengths.sum() == len(tokens.ids) == 300 and tokens.lengths.min() > 0
+        assert tokens.lengths.max() <= min(128, length)
+        assert tokens.ids.max() < model.body.get_input_embeddings().num_embeddings
+        assert sum(len(positions) for positions, _ in encoder.encode_ids(tokens)) == len(tokens.lengths)
+
+
+def test_the_warm_up_documents_avoid_the_special_ids_of_a_large_vocabulary(tmp_path):
+    """With 2,000 embedding rows or more the made-up ids skip the first 1,000 (where [PAD], [CLS], [MASK] live) and
+    stay inside the embedding; the body and head take them."""
+    path, _, _ = save_masked_lm("bert", tmp_path, pickled=False, extra_rows=2000)
+    model = load_model(str(path))
+    tokens = made_up_tokens(1500, 256, model.body)
+    assert tokens.ids.min() == 1000 and tokens.ids.max() == 1999 < model.body.get_input_embeddings().num_embeddings
+    assert list(tokens.lengths) == [64] * 23 + [28]  # 66 positions: 64 a document
+    encoder = SpladeEncoder(model, max_tokens=512, backend="torch")
+    assert sum(len(positions) for positions, _ in encoder.encode_ids(tokens)) == 24
+    with pytest.raises(ValueError, match="at least one token"):
+        made_up_tokens(0, 256, model.body)
 
 
 def test_decoder_rows_past_the_tokenizer_are_dropped(tmp_path):
