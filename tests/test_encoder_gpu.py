@@ -44,6 +44,34 @@ def test_warm_up_leaves_the_counts_and_the_vectors_as_they_were(dtype):
     torch.testing.assert_close(warm.encode(TEXTS, 256), cold, rtol=0, atol=0)
 
 
+def test_a_run_writes_the_same_bytes_with_and_without_its_warm_up(tmp_path, monkeypatch):
+    """Through the pipeline, which warms up in the model load's thread and encodes in the caller's, on the last
+    visible GPU (cuda:1 where there is one: each thread must launch on it): the shards equal, byte for byte, those
+    of a run whose warm-up does nothing."""
+    import threading
+
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+
+    sample = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
+    device = f"cuda:{torch.cuda.device_count() - 1}"
+    job = EncodeJob(inputs=(str(sample),), options=EncodeOptions(shard_docs=150, output_format="jsonl",
+                                                                   progress=False))
+    warm_up, threads = SpladeEncoder.warm_up, []
+
+    def watched(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return warm_up(self, *args, **kwargs)
+
+    monkeypatch.setattr(SpladeEncoder, "warm_up", watched)
+    warm = encode_corpus(job, tmp_path / "warm", (device,))
+    assert threads == ["model-load"]
+    monkeypatch.setattr(SpladeEncoder, "warm_up", lambda self, *args, **kwargs: None)
+    cold = encode_corpus(job, tmp_path / "cold", (device,))
+    assert [s.file for s in warm.shards] == [s.file for s in cold.shards] and len(warm.shards) == 3
+    for shard in warm.shards:
+        assert (tmp_path / "warm" / shard.file).read_bytes() == (tmp_path / "cold" / shard.file).read_bytes()
+
+
 def test_stream_of_items_matches_each_item_alone_on_cuda():
     from test_encoder import _stream_vs_items
 
