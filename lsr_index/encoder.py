@@ -163,7 +163,8 @@ class SpladeEncoder:
         process pays its first calls here, in the model load's thread, and not inside its first batches: Triton's
         first launch of the head, each CUDA kernel's lazy load, cuBLAS's set-up, PyTorch's stream pool. A new
         process's first pass then runs at the warm rate (XLM-R base: 14.6k docs/s against 11.0k without, the second
-        pass 14.8k; end to end +9 %, with a longer start-up: benchmarks/NOTES_encode.md)."""
+        pass 14.8k). It lengthens the start-up by about as much: end to end in new processes XLM-R +9 %, BERT-base
+        −2 % (benchmarks/NOTES_encode.md)."""
         if self.device.type != "cuda":
             return
         counts = self.n_docs, self.n_tokens
