@@ -18,6 +18,7 @@ import torch
 import sparton
 
 from . import packed_body
+from .body_probe import made_up_ids
 from .models import SpladeModel
 from .tokens import TextTokenizer, Tokens
 
@@ -33,26 +34,26 @@ def _identity(weights: torch.Tensor) -> torch.Tensor:
 
 def made_up_tokens(size: int, max_length: int, body: torch.nn.Module) -> Tokens:
     """`size` tokens in documents of up to 128 tokens, no longer than max_length or the body's positions allow (the
-    last one shorter). Ids inside the body's embedding: past the first 1,000, where most vocabularies keep their
-    special tokens, when it has 2,000 rows or more, else any (special ones included: a text may hold them too)."""
+    last one shorter), with body_probe.made_up_ids."""
     if size < 1:
         raise ValueError(f"a warm-up batch needs at least one token, not {size}")
     positions = getattr(body.config, "max_position_embeddings", None)
     length = min(128, max_length, positions - 2 if positions else 128)  # RoBERTa's positions start at pad + 1
     lengths = np.full(-(-size // length), length, np.int64)
     lengths[-1] = size - length * (len(lengths) - 1)
-    rows = body.get_input_embeddings().num_embeddings
-    ids = 1000 + np.arange(size, dtype=np.int64) % 1000 if rows >= 2000 else np.arange(size, dtype=np.int64) % rows
-    return Tokens(ids, np.concatenate([[0], np.cumsum(lengths)]), lengths)
+    return Tokens(made_up_ids(size, body), np.concatenate([[0], np.cumsum(lengths)]), lengths)
 
 
-def length_buckets(lengths: np.ndarray, max_tokens: int) -> list[np.ndarray]:
-    """Split positions, longest first, into batches whose padded size (rows × longest) fits max_tokens."""
+def length_buckets(lengths: np.ndarray, max_tokens: int, one_length: bool = False) -> list[np.ndarray]:
+    """Split positions, longest first, into batches whose padded size (rows × longest) fits max_tokens; with
+    `one_length`, each batch's documents also share one length (nothing padded: SpladeModel.unpadded)."""
     order = np.argsort(-lengths, kind="stable")
     batches, start = [], 0
     while start < len(order):
         longest = int(lengths[order[start]])
         rows = max(1, max_tokens // max(longest, 1))
+        if one_length:  # sorted longest first: the run of this length ends where a shorter one begins
+            rows = min(rows, int(np.searchsorted(-lengths[order[start:]], -longest, side="right")))
         batches.append(order[start:start + rows])
         start += rows
     return batches
@@ -137,7 +138,7 @@ class SpladeEncoder:
                 if pending is not None:
                     yield from self._finish(*pending, then)
                 raise
-            buckets = length_buckets(tokens.lengths, self.max_tokens)
+            buckets = length_buckets(tokens.lengths, self.max_tokens, one_length=self.model.unpadded)
             for i, positions in enumerate(buckets):
                 weights = self._forward(tokens, positions)
                 last = i == len(buckets) - 1
@@ -218,9 +219,8 @@ class SpladeEncoder:
     def _padded_body(self, tokens: Tokens, positions: np.ndarray, seq_lens: np.ndarray, longest: int
                      ) -> tuple[torch.Tensor, torch.Tensor]:
         """Hidden states of the real tokens [tokens, H], packed after a padded forward, and the cumulative lengths."""
-        pad = self.model.tokenizer.pad_token_id or 0
         mask = np.arange(longest) < seq_lens[:, None]
-        input_ids = np.full((len(positions), longest), pad, np.int64)
+        input_ids = np.full((len(positions), longest), self.model.pad_id, np.int64)
         input_ids[mask] = tokens.gather(positions)
         # the packed rows of the real tokens, computed on the host: no device sync to find them
         packed = np.flatnonzero(mask.ravel())

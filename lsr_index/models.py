@@ -152,10 +152,16 @@ class SpladeModel:
     pooling: str = "max"  # sparton's pooling and activation (sentence-transformers' SpladePooling options)
     activation: str = "log1p_relu"
     packed: bool = False  # the body runs on packed documents (packed_body), not on padded batches
+    unpadded: bool = False  # padding changes this body's real tokens: its batches hold documents of one length
 
     @property
     def vocab_size(self) -> int:
         return self.weight.shape[0]
+
+    @property
+    def pad_id(self) -> int:
+        """The id a padded batch fills its padding with."""
+        return self.tokenizer.pad_token_id or 0
 
 
 def load_tokenizer(name_or_path: str = DEFAULT_MODEL):
@@ -194,6 +200,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: to
     from transformers.utils import logging as hf_logging
 
     from . import packed_body
+    from .body_probe import padding_changes_tokens
 
     path = resolve_model(name_or_path)
     if name_or_path in EMBEDDED and sha256_file(path / WEIGHTS_FILE) != EMBEDDED[name_or_path].sha256:
@@ -215,11 +222,22 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: to
     if packed:
         packed_body.pack(mlm)
     vocab, weight, bias = _align_vocab(mlm_dir, tokenizer, weight, bias)
-    return SpladeModel(name=name_or_path if name_or_path in EMBEDDED else str(path), path=path, sha256=sha,
-                       tokenizer=tokenizer, body=mlm, weight=weight.to(device), vocab=vocab,
-                       bias=bias.to(device=device, dtype=torch.float32),
-                       pooling=layout.pooling if layout else "max",
-                       activation=layout.activation if layout else "log1p_relu", packed=packed)
+    model = SpladeModel(name=name_or_path if name_or_path in EMBEDDED else str(path), path=path, sha256=sha,
+                        tokenizer=tokenizer, body=mlm, weight=weight.to(device), vocab=vocab,
+                        bias=bias.to(device=device, dtype=torch.float32),
+                        pooling=layout.pooling if layout else "max",
+                        activation=layout.activation if layout else "log1p_relu", packed=packed)
+    if not packed:  # the packed families mask their padding by construction (packed_body)
+        model.unpadded = padding_changes_tokens(mlm, str(mlm_dir), model.pad_id, model.weight.shape[1])
+        if model.unpadded and mlm_dir not in _noted_unpadded:
+            _noted_unpadded.add(mlm_dir)
+            print(f"note: model {mlm_dir}: padding changes its tokens' states ({type(mlm).__name__}), so documents are "
+                  "batched by length, one length a batch: the vectors stay each document's own, at some speed",
+                  file=sys.stderr)
+    return model
+
+
+_noted_unpadded: set[Path] = set()
 
 
 # transformers builds a model under process-wide settings (the default dtype, the meta device, patched torch

@@ -1,0 +1,94 @@
+"""Bodies transformers never runs split at the decoder: those that mix padding into real tokens' states still give
+each document its own vectors (batches of one length), and those that cannot run split are refused at load.
+
+Each family is a tiny random model saved as a user's is (save_pretrained, a tokenizer built here). The reference is
+transformers' own full forward on each document alone, so padding cannot enter it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from tiny_models import TEXTS, reference_weights, tokenizer_for
+from transformers import AutoConfig, AutoModelForMaskedLM
+
+from lsr_index.encoder import SpladeEncoder, length_buckets
+from lsr_index.errors import LsrIndexError
+from lsr_index.models import load_model
+
+SIZES = {"vocab_size": None, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+         "intermediate_size": 48, "max_position_embeddings": 66}
+FAMILIES = {  # the sizes each family takes beyond SIZES (Funnel names its own)
+    "bert": {}, "electra": {"embedding_size": 16}, "convbert": {"embedding_size": 32},
+    "funnel": {"d_model": 32, "n_head": 2, "d_head": 16, "d_inner": 48, "block_sizes": [1, 1],
+               "max_position_embeddings": 66},
+    "fnet": {}, "yoso": {}, "mobilebert": {"embedding_size": 16, "intra_bottleneck_size": 32},
+    "nystromformer": {"num_landmarks": 4, "segment_means_seq_len": 8}, "deberta": {},
+    "bart": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+             "decoder_attention_heads": 2, "encoder_ffn_dim": 48, "decoder_ffn_dim": 48},
+}
+
+
+def save_family(kind: str, root):
+    tokenizer = tokenizer_for("bert")
+    torch.manual_seed(0)
+    sizes = {} if kind == "funnel" else SIZES
+    config = AutoConfig.for_model(kind, **{**sizes, "vocab_size": len(tokenizer), **FAMILIES[kind]})
+    mlm = AutoModelForMaskedLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in mlm.parameters():  # biases and norms random too
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.2))
+    mlm.save_pretrained(root / kind)
+    tokenizer.save_pretrained(root / kind)
+    return root / kind, mlm, tokenizer
+
+
+@pytest.mark.parametrize("kind", ["convbert", "funnel", "fnet", "yoso"])
+def test_a_body_that_mixes_padding_in_gives_each_document_its_own_vectors(kind, tmp_path, capsys):
+    """Batched with padding, these families' vectors differed from the document's own by up to 0.12."""
+    path, mlm, tokenizer = save_family(kind, tmp_path)
+    model = load_model(str(path))
+    assert model.unpadded
+    assert "padding changes its tokens' states" in capsys.readouterr().err
+    texts = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the older adults in a trial"]
+    got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(texts, max_length=24)
+    alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in texts])
+    torch.testing.assert_close(got.double(), alone, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["bert", "electra"])
+def test_a_body_that_masks_its_padding_keeps_padded_batches(kind, tmp_path):
+    path, mlm, tokenizer = save_family(kind, tmp_path)
+    model = load_model(str(path))
+    assert not model.unpadded
+    got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(TEXTS, max_length=24)
+    alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in TEXTS])
+    torch.testing.assert_close(got.double(), alone, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind, dtype, reason", [
+    ("mobilebert", torch.float32, "AttributeError"),  # its transform multiplies by the decoder's weight
+    ("bart", torch.float32, "RuntimeError"),  # its head adds a bias after the decoder
+    ("nystromformer", torch.float32, "RuntimeError"),  # its landmarks want other lengths
+    ("deberta", torch.bfloat16, "float32"),  # its attention mixes dtypes in bf16: the message says what runs
+])
+def test_a_body_that_cannot_run_split_is_refused_at_load(kind, dtype, reason, tmp_path):
+    path, _, _ = save_family(kind, tmp_path)
+    with pytest.raises(LsrIndexError, match=f"model {path}: .* does not run without its decoder") as refused:
+        load_model(str(path), dtype=dtype)
+    assert reason in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_one_length_buckets_cover_every_document_once_within_the_budget():
+    rng = np.random.default_rng(3)
+    for _ in range(50):
+        lengths = rng.integers(1, 40, rng.integers(1, 300))
+        budget = int(rng.integers(1, 400))
+        batches = length_buckets(lengths, budget, one_length=True)
+        assert np.array_equal(np.sort(np.concatenate(batches)), np.arange(len(lengths)))
+        for batch in batches:
+            assert len(set(lengths[batch].tolist())) == 1
+            assert len(batch) == 1 or len(batch) * lengths[batch[0]] <= budget
+        # the same documents in at most one batch more per distinct length than the padded buckets
+        assert len(batches) <= len(length_buckets(lengths, budget)) + len(set(lengths.tolist()))
