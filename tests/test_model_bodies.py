@@ -92,3 +92,25 @@ def test_one_length_buckets_cover_every_document_once_within_the_budget():
             assert len(batch) == 1 or len(batch) * lengths[batch[0]] <= budget
         # the same documents in at most one batch more per distinct length than the padded buckets
         assert len(batches) <= len(length_buckets(lengths, budget)) + len(set(lengths.tolist()))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kind, dtype, mixes", [
+    ("bert", torch.float32, False), ("electra", torch.bfloat16, False), ("modernbert", torch.bfloat16, False),
+    ("convbert", torch.bfloat16, True), ("fnet", torch.float32, True),
+])
+def test_on_cuda_the_probe_tells_the_same_bodies_apart(kind, dtype, mixes, tmp_path):
+    """On the GPU two forwards of one shape must agree exactly for a body that masks its padding (else it would get
+    one-length batches for nothing), and a body that mixes padding in still gets each document's own vectors."""
+    from tiny_models import save_masked_lm
+
+    path, mlm, tokenizer = save_masked_lm(kind, tmp_path, pickled=False) if kind == "modernbert" else \
+        save_family(kind, tmp_path)
+    model = load_model(str(path), device="cuda", dtype=dtype)
+    assert not model.packed and model.unpadded == mixes
+    texts = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the older adults in a trial"] * 3
+    got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(texts, max_length=24).cpu().double()
+    alone = torch.cat([reference_weights(mlm.double(), tokenizer, [t], 24) for t in texts])
+    rel = ((got - alone).norm() / alone.norm()).item()
+    assert rel < (1e-4 if dtype == torch.float32 else 2e-2), rel
