@@ -24,7 +24,7 @@ from pathlib import Path
 
 from .durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
 from .errors import LsrIndexError
-from .impact_writer import MERGE, split
+from .impact_writer import MERGE, heap_mb, split
 from .lucene import INDEX_MANIFEST, anserini_jar, check_index, count_docs, java_home
 from .manifest import MANIFEST, Manifest
 from .progress import bar
@@ -199,6 +199,7 @@ def build_index(vectors: Path, index: Path, threads: int | None = None, heap: st
     """
     if builder not in BUILDERS:
         raise LsrIndexError(f"unknown builder {builder!r}: choose one of {', '.join(BUILDERS)}")
+    heap_mb(heap)
     with exclusive_lock(vectors, shared=True):
         manifest = Manifest.load(vectors)
         if not manifest.complete:
@@ -235,7 +236,6 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
     else:
         writers = _build_anserini(vectors, manifest, index, work, built, threads or available_cores(), heap,
                                   progress)
-    threads = threads or available_cores()
     seconds = time.perf_counter() - t0
     check_index(built, deep=True)  # before anything reads it: a damaged index is never published
     docs = count_docs(built)
@@ -244,7 +244,7 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
                             "not publishing it" + (_skipped_by_anserini(vectors, manifest) if builder == "anserini"
                                                    else ""))
     info = {"kind": "lsr-index/index", "documents": docs, "build_seconds": round(seconds, 2), "builder": builder,
-            "threads": threads, "writers": writers, "heap": heap,
+            "threads": threads, "writers": writers, "heap": heap,  # threads: as asked (None: the default)
             "vectors": str(vectors.resolve()),
             "vectors_manifest": json.loads((vectors / MANIFEST).read_text())}
     atomic_write_bytes(built / INDEX_MANIFEST, json.dumps(info, indent=2).encode() + b"\n")
@@ -308,9 +308,11 @@ class _Writers:
                     selector.unregister(key.fileobj)
                     if key.fileobj is key.data.stderr:
                         self.heard.add(key.data.pid)
-                elif key.fileobj in progress:
+                elif key.fileobj in progress:  # counts, or what else its JVM prints there (kept for _check)
                     *lines, progress[key.fileobj] = (progress[key.fileobj] + chunk).split(b"\n")
-                    update(sum(int(line) for line in lines if line.strip()))
+                    update(sum(int(line) for line in lines if line.strip().isdigit()))
+                    said = b"".join(line + b"\n" for line in lines if line.strip() and not line.strip().isdigit())
+                    self.said[key.data.pid] = (self.said[key.data.pid] + said)[-65536:]
                 else:
                     self.said[key.data.pid] = (self.said[key.data.pid] + chunk)[-65536:]
             self._check(index)

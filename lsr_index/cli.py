@@ -216,7 +216,7 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
 @click.option("--index", "-o", type=click.Path(file_okay=False, path_type=Path),
               help="Index directory to create [default: WORKDIR/index].")
 @click.option("--threads", type=click.IntRange(1), help="Indexing processes (direct) or threads (anserini). "
-              "[default: the cores available]")
+              "[default: direct: one per 7.5M postings, up to the cores available; anserini: the cores available]")
 @click.option("--builder", type=click.Choice(["direct", "anserini"]), default="direct",
               help="direct: impact postings written as term frequencies; anserini: Anserini's IndexCollection "
                    "(each term repeated `impact` times).")
@@ -245,7 +245,8 @@ def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads:
 @click.option("--index", type=click.Path(file_okay=False, path_type=Path),
               help="Index from `build` [default: WORKDIR/index].")
 @click.option("--run", "-o", "run_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Run file to write [default: WORKDIR/runs/<queries name>.trec].")
+              help="Run file to write; a name ending in .gz is gzipped "
+              "[default: WORKDIR/runs/<queries name>.<format>].")
 @click.option("--hits", type=click.IntRange(1, 2**31 - 1), default=1000,
               help="Results per query (at most the index's documents).")
 @click.option("--threads", type=click.IntRange(1, 256), default=2, help="Search threads.")
@@ -281,6 +282,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
     index = index or ctx.obj["workdir"] / "index"
     stem = queries.name.removesuffix(".gz").rsplit(".", 1)[0]
     run_path = run_path or ctx.obj["workdir"] / "runs" / f"{stem}.{run_format}"
+    searching.check_run_path(run_path, [p for p in (queries, qrels) if p])  # before the model loads and searches
     topics = read_queries(queries, notice=lambda text: click.echo(f"note: {text}", err=True))
     judged = read_qrels(qrels) if qrels else None
     t0 = time.perf_counter()

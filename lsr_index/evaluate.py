@@ -1,4 +1,9 @@
-"""Retrieval metrics through ir_measures (pytrec_eval backend), averaged over every judged query."""
+"""Retrieval metrics through ir_measures, averaged over every judged query.
+
+Documents of equal score are ordered as trec_eval orders them (document id descending) before any measure sees the
+run: ir_measures sends RR@10 to its msmarco provider, which keeps the run's order, and the others to pytrec_eval,
+which sorts ties by id, so a relevant document tied with another counted as rank 1 for nDCG and rank 2 for MRR.
+"""
 
 from __future__ import annotations
 
@@ -17,12 +22,19 @@ def evaluate(run: dict[str, list[tuple[str, float]]], qrels: dict[str, dict[str,
     except ImportError:
         raise LsrIndexError("evaluation needs ir_measures: pip install 'lsr-index[lucene]'") from None
     parsed = [ir_measures.parse_measure(m) for m in measures]
-    scored = {qid: {doc: score for doc, score in ranked} for qid, ranked in run.items() if ranked}
+    scored = {qid: _untied(ranked) for qid, ranked in run.items() if ranked}
     totals = dict.fromkeys(parsed, 0.0)
     for metric in ir_measures.iter_calc(parsed, qrels, scored):
         if metric.query_id in qrels:
             totals[metric.measure] += metric.value
     return {str(m): totals[m] / max(len(qrels), 1) for m in parsed}
+
+
+def _untied(ranked: list[tuple[str, float]]) -> dict[str, float]:
+    """Distinct scores in trec_eval's order (score, then document id, both descending): every provider then ranks the
+    documents alike."""
+    order = sorted(ranked, key=lambda hit: (hit[1], hit[0]), reverse=True)
+    return {doc: float(len(order) - rank) for rank, (doc, _) in enumerate(order)}
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

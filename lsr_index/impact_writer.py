@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import signal
 import sys
 import time
@@ -30,6 +31,8 @@ from itertools import islice
 from pathlib import Path
 
 import orjson
+
+from .errors import LsrIndexError
 
 ID, CONTENTS = "id", "contents"  # Anserini's Constants.ID and Constants.CONTENTS
 DELIMITER = "\x01"  # not whitespace, never in a BERT or sentencepiece vocabulary; a clash is handled per document
@@ -46,11 +49,12 @@ def free_delimiter(terms) -> str:
 
 @dataclass(frozen=True)
 class Part:
-    """Documents [skip, skip + take) of one shard."""
+    """Documents [skip, skip + take) of one shard of `total` documents."""
 
     path: str
     skip: int
     take: int
+    total: int
 
 
 def split(vectors: Path, shards, writers: int) -> list[list[Part]]:
@@ -62,7 +66,7 @@ def split(vectors: Path, shards, writers: int) -> list[list[Part]]:
         for k in range(writers):
             lo, hi = max(bounds[k], shard.start), min(bounds[k + 1], shard.start + shard.docs)
             if lo < hi:
-                plans[k].append(Part(str(vectors / shard.file), lo - shard.start, hi - lo))
+                plans[k].append(Part(str(vectors / shard.file), lo - shard.start, hi - lo, shard.docs))
     return [plan for plan in plans if plan]
 
 
@@ -127,6 +131,8 @@ def _jsonl_docs(part: Part) -> Iterator[Doc]:
             except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
                 raise ShardError(f"{path}:{number}: not a JsonVector record ({type(exc).__name__}: {exc})") \
                     from None
+        if part.skip + part.take == part.total and next(f, None) is not None:
+            raise ShardError(_miscounted(part, f"more than {part.total:,}"))
 
 
 def _parquet_docs(part: Part) -> Iterator[Doc]:
@@ -136,7 +142,10 @@ def _parquet_docs(part: Part) -> Iterator[Doc]:
     import pyarrow.parquet as pq
 
     seen = 0
-    for batch in pq.ParquetFile(part.path).iter_batches(batch_size=4096, columns=["id", "terms", "weights"]):
+    shard = pq.ParquetFile(part.path)
+    if shard.metadata.num_rows != part.total:
+        raise ShardError(_miscounted(part, f"{shard.metadata.num_rows:,}"))
+    for batch in shard.iter_batches(batch_size=4096, columns=["id", "terms", "weights"]):
         lo, hi = max(part.skip - seen, 0), min(part.skip + part.take - seen, batch.num_rows)
         seen += batch.num_rows
         if lo >= hi:
@@ -166,7 +175,20 @@ def _parquet_docs(part: Part) -> Iterator[Doc]:
 
 
 def read_part(part: Part) -> Iterator[Doc]:
-    return _parquet_docs(part) if part.path.endswith(".parquet") else _jsonl_docs(part)
+    """The part's documents. A shard holding other than the manifest's count of records is refused: that count
+    decides which records are indexed, so a wrong one would drop or repeat documents without a word (the checksum
+    proves the file is the one encode wrote, not that the manifest's count is)."""
+    n = 0
+    for doc in _parquet_docs(part) if part.path.endswith(".parquet") else _jsonl_docs(part):
+        n += 1
+        yield doc
+    if n != part.take:
+        raise ShardError(_miscounted(part, f"{part.skip + n:,}"))
+
+
+def _miscounted(part: Part, held: str) -> str:
+    return (f"{part.path}: holds {held} records where its manifest lists {part.total:,}: the manifest was edited "
+            "or belongs to another encode; rerun `lsr-index encode --overwrite`")
 
 
 class ShardError(Exception):
@@ -175,11 +197,25 @@ class ShardError(Exception):
 
 # --- the Lucene side --------------------------------------------------------------------------------
 
+MIN_HEAP_MB = 64  # below it a writer's JVM starts but Lucene's buffers and merges do not fit
+
+
+def heap_mb(heap: str) -> float:
+    """A writer's heap (java -Xmx syntax: digits, then k, m, g or t, or bytes without one) in MB, checked before any
+    JVM starts: a JVM refused its heap only with a message on its stdout, among the writers' progress counts."""
+    found = re.fullmatch(r"\s*(\d+)([kmgt]?)\s*", heap, re.IGNORECASE)
+    if not found:
+        raise LsrIndexError(f"--heap {heap!r}: not a heap size: a whole number with k, m, g or t (e.g. 4g, 512m)")
+    mb = int(found[1]) * {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}.get(found[2].lower(), 1 / (1 << 20))
+    if mb < MIN_HEAP_MB:
+        raise LsrIndexError(f"--heap {heap!r}: {mb:g} MB is too small for a Lucene writer: at least {MIN_HEAP_MB}m "
+                            "(a bare number is bytes, as java -Xmx reads it)")
+    return mb
+
+
 def _ram_buffer_mb(heap: str) -> float:
     """A third of the heap for buffered documents (fewer flushes, fewer merges), under Lucene's per-thread cap."""
-    units = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}
-    heap = heap.strip().lower()
-    mb = float(heap[:-1]) * units[heap[-1]] if heap[-1] in units else float(heap) / (1 << 20)
+    mb = heap_mb(heap)
     return max(16.0, min(mb / 3, 1900.0))
 
 

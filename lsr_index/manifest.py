@@ -134,6 +134,7 @@ class Manifest:
             raise LsrIndexError(f"{origin}: a vectors manifest of format version {body.get('version')!r}, this "
                                 f"lsr-index reads version {FORMAT_VERSION}: re-encode with `lsr-index encode "
                                 "--overwrite` (or use the lsr-index release that wrote it)")
+        recorded = body.get("docs")  # written as the shards' sum: an edit of either shows as a difference
         body = {k: v for k, v in body.items() if k not in ("docs", "nonzeros", "truncation")}
         try:
             shards = [_part(Shard, s, f"shard {n}") for n, s in enumerate(_list(body.pop("shards", None), "shards"))]
@@ -153,6 +154,10 @@ class Manifest:
             if path in seen:
                 raise LsrIndexError(f"{origin}: malformed manifest: shard {part.file!r} is listed twice")
             seen.add(path)
+        if recorded is not None and recorded != manifest.docs:
+            raise LsrIndexError(f"{origin}: its shards hold {manifest.docs:,} documents but it records "
+                                f"{recorded!r}: it was edited or damaged; restore it, or rerun `lsr-index encode "
+                                "--overwrite`")
         return manifest
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -109,7 +111,20 @@ def write_run(path: Path, run: Run, fmt: str = "trec", tag: str = "lsr-index") -
                  for qid, ranked in run.items() for rank, (doc, score) in enumerate(ranked, 1))
     else:
         lines = (f"{qid}\t{doc}\t{rank}\n" for qid, ranked in run.items() for rank, (doc, _) in enumerate(ranked, 1))
-    atomic_write_bytes(path, "".join(lines).encode())
+    data = "".join(lines).encode()
+    atomic_write_bytes(path, gzip.compress(data, mtime=0) if path.name.endswith(".gz") else data)
+
+
+def check_run_path(path: Path, inputs: list[Path]) -> None:
+    """Refuse, before a search, a run path that names one of its inputs (the run would replace the queries or the
+    judgments) or a directory that cannot be written (found only after the whole search)."""
+    for given in inputs:
+        if path.resolve() == given.resolve():
+            raise LsrIndexError(f"--run {path}: that is an input of this search ({given}); write the run elsewhere")
+    parent = path.resolve().parent
+    existing = next(p for p in (parent, *parent.parents) if p.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise LsrIndexError(f"--run {path}: cannot write in {existing}")
 
 
 def read_run(path: Path) -> Run:

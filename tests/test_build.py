@@ -221,3 +221,44 @@ def test_the_progress_bar_counts_documents_against_the_manifest(tmp_path):
     assert "check shards: 100%" in text and "2/2 [" in text
     assert "index (1 writer): 100%" in text and "6000/6000 [" in text and " doc/s]" in text, text
     assert "indexed 6,000 documents into" in built.stdout + text
+
+
+@pytest.mark.parametrize("fmt", ["jsonl.gz", "parquet"])
+def test_a_manifest_that_miscounts_a_shard_is_refused_not_indexed_short(tmp_path, fmt):
+    """The checksum proves a shard is the file encode wrote, not that the manifest's count of its records is: a
+    last shard listed with 1 document of its 3 was indexed as 1 (the other 2 dropped without a word)."""
+    out = tmp_path / "vectors"
+    write_vectors(out, ["a", "b"], [(f"d{i}", {0: 5, 1: i + 1}) for i in range(9)], fmt)
+    body = json.loads((out / "manifest.json").read_text())
+    body["shards"][-1]["docs"], body["docs"] = 1, 7
+    (out / "manifest.json").write_text(json.dumps(body))
+    with pytest.raises(LsrIndexError, match=re.escape(f"{out / body['shards'][-1]['file']}: holds ") +
+                       r"(more than 1|3) records where its manifest lists 1: the manifest was edited"):
+        build.build_index(out, tmp_path / "index", heap="256m", progress=False)
+    assert not (tmp_path / "index").exists()
+    body["docs"] = 9  # the total no longer the shards' sum: refused when the manifest is read
+    (out / "manifest.json").write_text(json.dumps(body))
+    with pytest.raises(LsrIndexError, match="its shards hold 7 documents but it records 9: it was edited"):
+        build.build_index(out, tmp_path / "index", heap="256m", progress=False)
+
+
+@pytest.mark.parametrize("heap", ["512", "1m", "abc", "1.5g", ""])
+def test_a_heap_the_jvm_cannot_take_is_one_line_before_any_writer(tmp_path, heap):
+    """`--heap 512` (bytes, as java reads it) ended in a ValueError traceback: the JVM's refusal on its stdout was
+    parsed as a progress count."""
+    out = tmp_path / "vectors"
+    write_vectors(out, ["a"], [("d0", {0: 5})], "jsonl")
+    done = subprocess.run([*LSR, "build", "--vectors", str(out), "--index", str(tmp_path / "index"), "--heap", heap],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and done.stderr.startswith(f"error: --heap {heap!r}: "), done.stderr
+    assert "Traceback" not in done.stderr and not (tmp_path / "index").exists()
+
+
+def test_what_a_jvm_prints_on_a_writers_stdout_is_not_a_progress_count(tmp_path):
+    out = tmp_path / "vectors"
+    write_vectors(out, ["a", "b"], [(f"d{i}", {0: 5, 1: i + 1}) for i in range(5)], "jsonl")
+    done = subprocess.run([*LSR, "build", "--vectors", str(out), "--index", str(tmp_path / "index"), "--heap", "256m"],
+                          capture_output=True, text=True,
+                          env={**os.environ, "JAVA_TOOL_OPTIONS": "-XX:+PrintCommandLineFlags"})
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "index" / "lsr-index.json").read_text())["documents"] == 5

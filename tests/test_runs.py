@@ -24,6 +24,25 @@ def test_eval_reads_both_run_formats_that_search_writes(tmp_path):
     assert scores[0] == scores[1] and 0 < scores[0]["nDCG@10"] < 1
 
 
+@pytest.mark.parametrize("relevant", ["a", "b", "c"])
+def test_every_measure_breaks_score_ties_as_trec_eval_does(relevant):
+    """Tied documents rank by id descending for every measure, as trec_eval (pytrec_eval) ranks them: MRR@10 once
+    kept the run's order while nDCG@10 and MAP sorted the ties, so one relevant document had two ranks."""
+    import pytrec_eval
+
+    from lsr_index.evaluate import evaluate
+
+    run = {"q1": [("a", 10.0), ("b", 10.0), ("c", 10.0), ("d", 5.0)], "q2": [("x", 3.0), ("y", 3.0)]}
+    qrels = {"q1": {relevant: 1}, "q2": {"x": 2, "y": 1}}
+    got = evaluate(run, qrels, ("nDCG@10", "RR@10", "AP@1000"))
+    want = pytrec_eval.RelevanceEvaluator(qrels, {"ndcg_cut.10", "recip_rank", "map"}).evaluate(
+        {q: dict(ranked) for q, ranked in run.items()})
+    for ours, theirs in (("nDCG@10", "ndcg_cut_10"), ("RR@10", "recip_rank"), ("AP@1000", "map")):
+        assert got[ours] == pytest.approx(sum(v[theirs] for v in want.values()) / 2, abs=1e-12), ours
+    rank = {"c": 1, "b": 2, "a": 3}[relevant]  # ids descending among the three tied at 10.0
+    assert got["RR@10"] == pytest.approx((1 / rank + 1) / 2)
+
+
 HOSTILE = ["rel ", " rel", "a b", "a\tb", "a\u00a0b", "a\u2028b", "a\u0085b", "a\u001fb", "a\x00b", "a\x7fb", ""]
 
 

@@ -94,3 +94,35 @@ def test_queries_cut_at_the_index_query_length_are_reported(splade_tiny, judged_
     search(index, queries, hits=10, notice=said.append)
     assert said == [f"{cut} of {len(queries)} queries ({cut / len(queries):.1%}) were cut at the index's "
                     f"query_max_length 12; the longest had {max(lengths)} tokens"]
+
+
+@pytest.mark.lucene
+@pytest.mark.parametrize("target", ["queries", "qrels"])
+def test_a_run_path_naming_an_input_is_refused_before_the_search(judged_index, tmp_path, target):
+    """`-o queries.tsv` replaced the queries with the run; `--run qrels --qrels qrels` the judgments."""
+    index, qrels = judged_index
+    queries = tmp_path / "queries.tsv"
+    queries.write_bytes((SAMPLE / "queries.tsv").read_bytes())
+    inputs = {"queries": queries, "qrels": qrels}
+    before = {name: path.read_bytes() for name, path in inputs.items()}
+    done = lsr("search", "--index", str(index), "--queries", str(queries), "--qrels", str(qrels),
+               "--run", str(inputs[target]))
+    assert done.returncode == 1 and done.stderr.strip() == \
+        f"error: --run {inputs[target]}: that is an input of this search ({inputs[target]}); write the run elsewhere"
+    assert {name: path.read_bytes() for name, path in inputs.items()} == before
+
+
+@pytest.mark.lucene
+@pytest.mark.slow
+def test_a_run_named_gz_is_gzipped_and_eval_reads_it(judged_index, tmp_path):
+    import gzip
+
+    index, qrels = judged_index
+    plain, packed = tmp_path / "run.trec", tmp_path / "run.trec.gz"
+    for run in (plain, packed):
+        done = lsr("search", "--index", str(index), "--queries", str(SAMPLE / "queries.tsv"), "--qrels", str(qrels),
+                   "--run", str(run), "--hits", "50")
+        assert done.returncode == 0, done.stderr
+    assert gzip.decompress(packed.read_bytes()) == plain.read_bytes()
+    evaluated = lsr("eval", "--run", str(packed), "--qrels", str(qrels))
+    assert evaluated.returncode == 0 and evaluated.stdout == done.stdout.splitlines()[-1] + "\n"
