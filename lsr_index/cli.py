@@ -8,6 +8,7 @@ WORKDIR/index, search reads that and writes WORKDIR/runs/<queries>.trec. Each pa
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -33,8 +34,21 @@ def default(name: str) -> str:
     return f"[default: {DEFAULTS[name]}]"
 
 
+_RECEIVED = [signal.SIGINT]  # the signal behind a KeyboardInterrupt: Ctrl-C's, or SIGTERM's (terminate_as_interrupt)
+
+
+def terminate_as_interrupt() -> None:
+    """SIGTERM (a scheduler's, `kill`'s) unwinds as Ctrl-C does: what is recorded is saved, nothing half-written is
+    left, and the message says so; Python's default would end the process where it stands."""
+    def terminate(signum, frame):
+        _RECEIVED[0] = signum
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def friendly_errors(fn: Callable) -> Callable:
-    """Project errors become one clear line and exit status 1; Ctrl-C says how to resume."""
+    """Project errors become one clear line and exit status 1; Ctrl-C and SIGTERM say how to resume (130, 143)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -47,8 +61,9 @@ def friendly_errors(fn: Callable) -> Callable:
             click.echo(f"error: {exc.filename + ': ' if exc.filename else ''}{exc.strerror or exc}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
-            click.echo("interrupted: rerun the same command to continue where it stopped", err=True)
-            sys.exit(130)
+            word = "terminated" if _RECEIVED[0] == signal.SIGTERM else "interrupted"
+            click.echo(f"{word}: rerun the same command to continue where it stopped", err=True)
+            sys.exit(128 + _RECEIVED[0])
 
     return wrapper
 
@@ -154,7 +169,15 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     from .quantize import Quantization
     from .sources import resolve
 
-    resolve(list(inputs))  # a missing or unreadable input is reported before torch loads (3 s) or a model is fetched
+    terminate_as_interrupt()
+
+    out = output or ctx.obj["workdir"] / "vectors"
+    # a missing or unreadable input is reported before torch loads (3 s) or a model is fetched
+    _, passed_over = resolve(list(inputs), out.resolve())
+    if passed_over:
+        click.echo(f"note: passed over {len(passed_over)} entr{'y' if len(passed_over) == 1 else 'ies'} of the input "
+                   f"directories (the output, names starting with '.' or '_'): "
+                   f"{', '.join(str(p) for p in passed_over[:5])}{' …' if len(passed_over) > 5 else ''}", err=True)
     chosen = load_preset(preset) if preset else {}
     value = lambda key: options[key] if options.get(key) is not None else chosen.get(key, DEFAULTS[key])
     cluster = None
@@ -164,7 +187,6 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
         cluster = RayCluster(options["ray_address"], options["ray_cpus"])
     devices = cluster.devices if cluster else _devices(options["device"])
     gpu = devices[0].startswith("cuda")
-    out = output or ctx.obj["workdir"] / "vectors"
     max_tokens = value("max_tokens") or MAX_TOKENS["cuda" if gpu else "cpu"]
     job = EncodeJob(
         inputs=tuple(inputs), model=value("model"), query_model=options["query_model"],
@@ -196,6 +218,9 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
                f"{stats['nonzeros_per_doc']:.1f} nonzeros/doc"
                + (f", resumed at document {stats['resumed_at']:,}" if stats["resumed_at"] else "")
                + f"; {command_seconds:.1f} s since the command started)")
+    if manifest.docs and not manifest.nonzeros:
+        click.echo("warning: every vector is empty (no weight rounds to an impact of 1 or more at this --scale and "
+                   "--min-weight): an index of these vectors finds nothing", err=True)
     workers = stats.get("per_worker", [])
     busiest = max((w["docs"] for w in workers), default=0)
     if len(workers) > 1 and busiest > 1.5 * stats["docs_this_run"] / len(workers):
@@ -266,19 +291,12 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
     Ctrl-C and SIGTERM stop it at once and leave no run file (exit 130 and 143).
     """
     import os
-    import signal
 
     from . import search as searching
     from .search import read_run
     from .topics import read_qrels, read_queries
 
-    received = [signal.SIGINT]
-
-    def terminate(signum, frame):  # unwinds as Ctrl-C does: the run file is written whole or not at all
-        received[0] = signum
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, terminate)
+    terminate_as_interrupt()  # the run file is written whole or not at all
     index = index or ctx.obj["workdir"] / "index"
     stem = queries.name.removesuffix(".gz").rsplit(".", 1)[0]
     run_path = run_path or ctx.obj["workdir"] / "runs" / f"{stem}.{run_format}"
@@ -292,10 +310,10 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
                                notice=lambda text: click.echo(f"note: {text}", err=True))
         searching.write_run(run_path, run, run_format)
     except KeyboardInterrupt:  # Java may still be searching in its own threads: end now, not after them
-        click.echo(f"{'terminated' if received[0] == signal.SIGTERM else 'interrupted'}: no run was written",
+        click.echo(f"{'terminated' if _RECEIVED[0] == signal.SIGTERM else 'interrupted'}: no run was written",
                    err=True)
         sys.stderr.flush()
-        os._exit(128 + received[0])
+        os._exit(128 + _RECEIVED[0])
     click.echo(f"searched {len(topics):,} queries in {time.perf_counter() - t0:.1f} s → {run_path}")
     if judged is not None:  # the metrics of the file written, so that `eval` of it prints the same
         _print_metrics(read_run(run_path), judged, ctx.obj["progress"])

@@ -100,10 +100,10 @@ class CorpusReader:
 
     ``source`` is a file, a directory (its files, sorted by name), a glob pattern (``**`` recurses;
     sorted), or a list of these, read in the order given; lsr_index.sources says which files a source
-    names, and ``passed_over`` lists the directory entries its rule leaves out. Batches hold at most
-    ``batch_size`` rows. Ids must pass ``check_id`` and be unique across all shards; each iteration
-    starts afresh (``skipped`` and ``n_docs`` are reset). Memory is bounded by one batch, one JSONL line,
-    and for Parquet by one row group (Parquet decodes column chunks whole).
+    names, and ``passed_over`` lists the directory entries its rules leave out (``exclude``: an output
+    directory). Batches hold at most ``batch_size`` rows. Ids must pass ``check_id`` and be unique across all
+    shards; each iteration starts afresh (``skipped`` and ``n_docs`` are reset). Memory is bounded by one
+    batch, one JSONL line, and for Parquet by one row group (Parquet decodes column chunks whole).
     """
 
     def __init__(
@@ -113,6 +113,7 @@ class CorpusReader:
         on_error: Literal["fail", "skip"] = "fail",
         batch_size: int = 1024,
         max_chars: int | None = None,
+        exclude: Path | None = None,
     ):
         if on_error not in ("fail", "skip"):
             raise ValueError(f"on_error must be 'fail' or 'skip', not {on_error!r}")
@@ -122,7 +123,7 @@ class CorpusReader:
         if not sources:
             raise ValueError("no corpus source given")
         self.fields, self.on_error, self.batch_size, self.max_chars = fields, on_error, batch_size, max_chars
-        self.files, self.passed_over = resolve(sources)
+        self.files, self.passed_over = resolve(sources, exclude)
         self._label = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (+{len(sources) - 1} more)"
         self.skipped: list[Skipped] = []
         self.n_docs = 0
@@ -409,6 +410,9 @@ def _columns(path: Path, schema: pa.Schema, fields: Fields) -> list[str]:
         raise InputError(path, None, f"no text column {missing[0]!r}", hint)
     columns = [id_key, *(k for k in text_keys if k in names)]
     for key in columns:
+        if schema.get_all_field_indices(key)[1:]:  # which one is meant? Arrow cannot select it by name either
+            raise InputError(path, None, f"column {key!r} appears {len(schema.get_all_field_indices(key))} times",
+                             "rename the duplicates")
         kind = schema.field(key).type
         ok = _is_string(kind) or (pa.types.is_integer(kind) if key == id_key else pa.types.is_null(kind))
         if not ok:

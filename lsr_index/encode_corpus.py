@@ -11,6 +11,7 @@ files the manifest does not list are this command's own leftovers, deleted and e
 
 from __future__ import annotations
 
+import json
 import resource
 import shutil
 import threading
@@ -27,7 +28,8 @@ from .encode_job import EncodeJob, EncodeOptions, pieces
 from .encode_shard import Assignment, WorkerResult
 from .errors import LsrIndexError
 from .executors import run_in_process, run_local_workers
-from .manifest import MANIFEST, Chunk, Manifest, Part, Shard
+from .manifest import KIND, MANIFEST, Chunk, Manifest, Part, Shard
+from .model_files import sha256_file
 from .progress import EncodeBar
 from .writers import SHARDS, is_attempt, is_ours, is_temporary
 
@@ -124,7 +126,16 @@ class Plan:
         def same(part: Part) -> bool:
             cum = sums.get(part.start // sd, {})
             return part.start in cum and part.end in cum and (cum[part.end] - cum[part.start]) % _MOD == \
-                int(part.input, 16)
+                int(part.input, 16) and intact(part)
+
+        def intact(part: Part) -> bool:
+            """Its file as written: one deleted or damaged since (a copy that skipped hidden files, a disk error)
+            is encoded again, not listed over a gap or concatenated into a shard."""
+            path = self.out / part.file
+            try:
+                return path.is_file() and not path.is_symlink() and sha256_file(path) == part.sha256
+            except OSError:
+                return False
 
         keep_shards = [s for s in m.shards if same(s) and s.end in ends]
         published = {s.start // sd for s in keep_shards}
@@ -198,13 +209,37 @@ def _owned_top_level(path: Path) -> bool:
         all(is_temporary(p.name) for p in path.iterdir())
 
 
+def _refuse_foreign(out: Path) -> None:
+    """--overwrite replaces an lsr-index output; nothing writes among someone else's files. A directory is ours when
+    its manifest says so; without one, when all it holds is what a run killed at its start leaves; with one damaged
+    past reading (not JSON), when all else it holds is ours by name."""
+    if not out.is_dir():
+        return
+    try:
+        ours = json.loads((out / MANIFEST).read_bytes()).get("kind") == KIND
+    except FileNotFoundError:
+        ours = False
+    except (OSError, ValueError, AttributeError):  # unreadable, not JSON, not an object: judged by the rest
+        ours = None
+    if ours:
+        return
+
+    def owned(path: Path) -> bool:
+        if ours is None and path.name in (MANIFEST, SHARDS) and not path.is_symlink():
+            return path.name == MANIFEST or (path.is_dir() and all(is_ours(p.name) or is_temporary(p.name)
+                                                                   for p in path.iterdir()))
+        return _owned_top_level(path)
+
+    foreign = sorted(p.name for p in out.iterdir() if not owned(p))
+    if foreign:
+        raise LsrIndexError(f"{out} exists and is not an lsr-index output (it holds {foreign[0]!r}"
+                            f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); choose a new or "
+                            "empty directory")
+
+
 def _start_or_resume(out: Path, fresh: Manifest, overwrite: bool) -> Manifest:
+    _refuse_foreign(out)
     if not (out / MANIFEST).exists():
-        foreign = sorted(p.name for p in out.iterdir() if not _owned_top_level(p))
-        if foreign:  # --overwrite replaces an lsr-index output; it never writes among someone else's files
-            raise LsrIndexError(f"{out} exists and is not an lsr-index output (it holds {foreign[0]!r}"
-                                f"{f' and {len(foreign) - 1} more' if len(foreign) > 1 else ''}); choose a new or "
-                                "empty directory")
         return fresh
     if overwrite:  # even over a damaged manifest: delete our shard files, listed or not, and nothing else
         fresh.save(out)  # first: a kill below must not leave a complete manifest over deleted shards
@@ -222,6 +257,7 @@ def _start_or_resume(out: Path, fresh: Manifest, overwrite: bool) -> Manifest:
         changed = sorted(k for k, v in old.fingerprint().items() if fresh.fingerprint()[k] != v)
         raise LsrIndexError(f"{out} holds a partial encoding made with other {', '.join(changed)}; pass --overwrite "
                             "to start over")
+    old.input["on_error"] = fresh.input["on_error"]  # this run's: its reader skips or stops from here on
     return old
 
 
@@ -267,6 +303,7 @@ def planned(job: EncodeJob, out: Path) -> Iterator[Plan]:
     """`out` locked and its plan opened, for any executor; what was recorded before an error or Ctrl-C is saved."""
     fresh = fresh_manifest(job)
     _refuse_foreign_places(job, out)
+    _refuse_foreign(out)  # before the lock file is made in it (again under the lock: the directory may change)
     out.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(out):
         plan = Plan.open(out, job, fresh)
@@ -279,6 +316,7 @@ def planned(job: EncodeJob, out: Path) -> Iterator[Plan]:
 
 def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)) -> Manifest:
     """Encode `job` into `out`, resuming whatever an earlier run left; one worker per device."""
+    job = job.for_output(out)
     with planned(job, out) as plan:
         resumed_at = plan.manifest.docs + sum(c.docs for c in plan.manifest.chunks)
         bar = EncodeBar(job.reader(), resumed_at, job.options.progress)

@@ -9,8 +9,9 @@ checkpoint encodes exactly the batches an uninterrupted run would have (the same
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from hashlib import blake2b
+from pathlib import Path
 
 import pyarrow as pa
 
@@ -60,9 +61,13 @@ class EncodeJob:
     fields: Fields = field(default_factory=Fields)
     on_error: str = "fail"
     options: EncodeOptions = field(default_factory=EncodeOptions)
+    output: str | None = None  # the run's output directory, resolved (for_output): never read back as input
 
     def __post_init__(self) -> None:
         check("dtype", self.dtype)
+
+    def for_output(self, out: Path) -> EncodeJob:
+        return replace(self, output=str(out.resolve()))
 
     @property
     def window(self) -> int:
@@ -75,7 +80,7 @@ class EncodeJob:
 
     def reader(self) -> CorpusReader:
         return CorpusReader(list(self.inputs), fields=self.fields, on_error=self.on_error, batch_size=self.window,
-                            max_chars=self.max_chars)
+                            max_chars=self.max_chars, exclude=Path(self.output) if self.output else None)
 
     def shard_range(self, shard: int) -> tuple[int, int]:
         """Documents [lo, hi) of a full shard (the stream's last shard may end sooner)."""

@@ -98,8 +98,11 @@ class Manifest:
     def fingerprint(self) -> dict:
         """What must match for a rerun to continue this output rather than start over (the documents
         themselves are checked shard by shard, through each part's input digest)."""
+        # not on_error: parts recorded before the first bad record are the same either way, and a run stopped at
+        # one says "rerun with --on-error skip"; the documents themselves are checked part by part
         return {"model": self.model, "encoder": {k: v for k, v in self.encoder.items() if k != "backend"},
-                "quantization": self.quantization, "input": {k: v for k, v in self.input.items() if k != "files"},
+                "quantization": self.quantization,
+                "input": {k: v for k, v in self.input.items() if k not in ("files", "on_error")},
                 "output_format": self.output_format, "shard_docs": self.shard_docs, "query_model": self.query_model}
 
     def to_json(self) -> bytes:
@@ -154,7 +157,9 @@ class Manifest:
             if path in seen:
                 raise LsrIndexError(f"{origin}: malformed manifest: shard {part.file!r} is listed twice")
             seen.add(path)
-        if recorded is not None and recorded != manifest.docs:
+        ends = [s.end for s in sorted(shards, key=lambda s: s.start)]
+        tiled = [s.start for s in sorted(shards, key=lambda s: s.start)] == [0, *ends[:-1]]  # else: the gap is named
+        if recorded is not None and recorded != manifest.docs and tiled:
             raise LsrIndexError(f"{origin}: its shards hold {manifest.docs:,} documents but it records "
                                 f"{recorded!r}: it was edited or damaged; restore it, or rerun `lsr-index encode "
                                 "--overwrite`")

@@ -36,7 +36,11 @@ def _parse(text: str, origin: str) -> dict:
 def load_preset(name_or_path: str) -> dict:
     path = Path(name_or_path)
     if path.suffix == ".toml" and path.is_file():
-        return _parse(path.read_text(), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:  # TOML is UTF-8 by definition
+            raise LsrIndexError(f"preset {path}: cannot read it: {exc}") from None
+        return _parse(text, str(path))
     presets = available()
     if name_or_path not in presets:
         raise LsrIndexError(f"unknown preset {name_or_path!r}: choose one of {', '.join(presets)} or a .toml file")

@@ -159,6 +159,7 @@ class RayCluster:
 
     def encode(self, job: EncodeJob, out: Path) -> Manifest:
         """Encode `job` into `out` (shared by every node), resuming whatever an earlier run left."""
+        job = job.for_output(out)
         try:
             with planned(job, out.resolve()) as plan:
                 return _Run(self, job, out.resolve(), plan).go()

@@ -1,10 +1,12 @@
 """Corpus sources (files, directories, glob patterns) → the files to read, and which format each one is.
 
 Every file a source names is read or refused with its name, never passed over: a directory's unsupported
-files, subdirectories, broken symbolic links and special files are errors, as are a pattern's. The one
-exception is a documented rule: a directory's entries whose names start with "." or "_" (``.git``,
+files, subdirectories, broken symbolic links and special files are errors, as are a pattern's. The
+exceptions are documented rules: a directory's entries whose names start with "." or "_" (``.git``,
 ``_SUCCESS``, as pyarrow's dataset discovery does) are left out and listed in ``passed_over`` for the
-caller to report. docs/bad-input.md states the rules.
+caller to report, and so is the run's own output directory (``exclude``), which a pattern never matches either:
+`lsr-index encode .` makes ./lsr-out inside the corpus directory, and a rerun must not read it back as input.
+docs/bad-input.md states the rules.
 """
 
 from __future__ import annotations
@@ -44,14 +46,15 @@ def file_format(path: Path) -> str | None:
     return None if suffix else next((fmt for ext, fmt in _TABLES.items() if name.endswith(ext)), None)
 
 
-def resolve(sources: list[str | os.PathLike[str]]) -> tuple[list[Path], list[Path]]:
-    """(files to read in order, directory entries passed over by rule); each file may be named once."""
+def resolve(sources: list[str | os.PathLike[str]], exclude: Path | None = None) -> tuple[list[Path], list[Path]]:
+    """(files to read in order, directory entries passed over by rule); each file may be named once. `exclude`: an
+    output directory, resolved; a directory entry holding it and what a pattern matches inside it are left out."""
     files: list[Path] = []
     passed_over: list[Path] = []
     seen: set[Path] = set()
     for source in sources:
         try:
-            expanded = _expand(source, passed_over)
+            expanded = _expand(source, passed_over, exclude)
         except OSError as e:  # a race with the file system, past the checks that name the entry
             raise InputError(source, None, f"cannot list: {describe(e)}") from e
         for path in expanded:
@@ -63,22 +66,22 @@ def resolve(sources: list[str | os.PathLike[str]]) -> tuple[list[Path], list[Pat
     return files, passed_over
 
 
-def _expand(source: str | os.PathLike[str], passed_over: list[Path]) -> list[Path]:
+def _expand(source: str | os.PathLike[str], passed_over: list[Path], exclude: Path | None) -> list[Path]:
     path = Path(source)
     if os.path.lexists(path):
         if path.is_dir():
-            return _directory(path, passed_over)
+            return _directory(path, passed_over, exclude)
         return [_checked(path, "unsupported file type")]
     pattern = os.fspath(source)
     if glob.has_magic(pattern):
-        matches = sorted(_glob(pattern))
+        matches = sorted(m for m in _glob(pattern) if not (exclude and Path(m).resolve().is_relative_to(exclude)))
         if not matches:
             raise InputError(pattern, None, "pattern matches nothing", f"supported: {SUPPORTED}")
         return [_checked(Path(m), "the pattern matches this unsupported file", _PATTERN_HINT) for m in matches]
     raise InputError(path, None, "no such file or directory")
 
 
-def _directory(path: Path, passed_over: list[Path]) -> list[Path]:
+def _directory(path: Path, passed_over: list[Path], exclude: Path | None) -> list[Path]:
     """A directory's files, sorted by name; it may hold nothing else but entries passed over by rule."""
     try:
         entries = sorted(path.iterdir(), key=lambda p: p.name)
@@ -86,7 +89,7 @@ def _directory(path: Path, passed_over: list[Path]) -> list[Path]:
         raise InputError(path, None, f"cannot list this directory: {describe(e)}") from e
     files = []
     for entry in entries:
-        if entry.name.startswith(_PASSED_OVER):
+        if entry.name.startswith(_PASSED_OVER) or (exclude and exclude.is_relative_to(entry.resolve())):
             passed_over.append(entry)
         elif entry.is_dir():
             raise InputError(

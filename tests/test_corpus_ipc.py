@@ -100,3 +100,18 @@ def test_a_file_with_a_corrupt_footer_length_is_refused(tmp_path):
     path.write_bytes(bytes(data))
     with pytest.raises(InputError, match="its footer length is corrupt"):
         ids_read(path)
+
+
+@pytest.mark.parametrize("kind", ["parquet", "arrow"])
+def test_a_column_named_twice_is_refused_by_name(tmp_path, kind):
+    """Arrow cannot select a duplicated column by name: it ended in a KeyError traceback."""
+    import pyarrow.parquet as pq
+
+    table = pa.Table.from_arrays([TABLE["id"], TABLE["text"], TABLE["text"]], names=["id", "text", "text"])
+    path = tmp_path / f"dup.{kind}"
+    if kind == "parquet":
+        pq.write_table(table, path)
+    else:
+        path.write_bytes(ipc_bytes(table, stream=False))
+    with pytest.raises(InputError, match=r"dup\.\w+: column 'text' appears 2 times \(rename the duplicates\)"):
+        list(CorpusReader(str(path)))

@@ -95,7 +95,48 @@ def test_overwrite_does_not_write_into_a_foreign_directory(tmp_path):
     with pytest.raises(LsrIndexError, match="not an lsr-index output"):
         encode(SAMPLE, out, overwrite=True)
     assert (out / "shards" / "part-00000.jsonl").read_text() == "someone else's\n"
-    assert not (out / "manifest.json").exists()
+    assert not (out / "manifest.json").exists() and not (out / ".lock").exists()
+
+
+@pytest.mark.parametrize("manifest", ['{"name": "x"}', "[1, 2]", "{damaged", None])
+def test_overwrite_refuses_a_directory_whose_manifest_is_not_an_encodes(tmp_path, manifest):
+    """A manifest.json that is not lsr-index's let --overwrite replace it, delete a file named like a shard and write
+    beside the user's data; a refused directory is left without even a lock file."""
+    out = tmp_path / "theirs"
+    (out / "shards").mkdir(parents=True)
+    (out / "shards" / "part-00000.jsonl").write_text("keep\n")
+    (out / "data.csv").write_text("a,b\n")
+    if manifest is not None:
+        (out / "manifest.json").write_text(manifest)
+    before = sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file())
+    for overwrite in (False, True):
+        with pytest.raises(LsrIndexError, match=f"{out} exists and is not an lsr-index output"):
+            encode(SAMPLE, out, overwrite=overwrite)
+        assert sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file()) == before
+
+
+def test_an_output_made_inside_the_corpus_directory_is_not_read_back(tmp_path):
+    """`cd corpus && lsr-index encode .` makes ./lsr-out among the corpus files: the rerun failed ("subdirectories of
+    a corpus directory are not searched"), and a pattern such as dir/**/*.json read the output's manifest.json as
+    input (52 bad records, skipped without a word under --on-error skip)."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.json").write_text("\n".join(sample_lines(40)) + "\n")
+    first = encode(corpus, corpus / "lsr-out" / "vectors")
+    with pytest.raises(LsrIndexError, match="already holds a complete encoding"):
+        encode(corpus, corpus / "lsr-out" / "vectors")
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "a.json").write_text("\n".join(sample_lines(40)) + "\n")
+    job = EncodeJob(inputs=(f"{tree}/**/*.json",), on_error="skip", options=EncodeOptions(
+        doc_max_length=32, shard_docs=64, progress=False, output_format="jsonl"))
+    pattern = encode_corpus(job, tree / "vectors")
+    with pytest.raises(LsrIndexError, match="already holds a complete encoding"):  # not 'skipped 52 bad records'
+        encode_corpus(job, tree / "vectors")
+    assert first.docs == pattern.docs == 40 and pattern.skipped == 0
+    cli = run_cli("--quiet", "encode", str(corpus), "-o", str(corpus / "lsr-out" / "vectors"))
+    assert f"note: passed over 1 entry of the input directories (the output, names starting with '.' or '_'): " \
+        f"{corpus / 'lsr-out'}" in cli.stderr and "already holds a complete encoding" in cli.stderr
 
 
 # --- class 6: every setting validated where it is built, whatever its source ---------------------------
@@ -114,6 +155,14 @@ def test_encode_options_refuse_bad_values(options):
 def test_quantization_refuses_bad_values(values):
     with pytest.raises(LsrIndexError, match=next(iter(values))):
         Quantization(**values)
+
+
+def test_a_preset_that_is_not_utf8_is_one_clear_line(tmp_path):
+    preset = tmp_path / "p.toml"
+    preset.write_bytes(b"scale = 1\xff\n")
+    run = run_cli("--quiet", "encode", str(SAMPLE), "-o", str(tmp_path / "v"), "--preset", str(preset))
+    assert run.returncode == 1 and run.stderr.startswith(f"error: preset {preset}: cannot read it: 'utf-8' codec")
+    assert "Traceback" not in run.stderr
 
 
 def test_a_preset_with_zero_shard_docs_is_one_clear_line(tmp_path):
@@ -219,6 +268,70 @@ def test_fixing_a_bad_record_keeps_the_shards_before_it_and_a_changed_one_is_ree
     ids, texts = batch.column("id").to_pylist(), batch.column("text").to_pylist()
     assert all(int(s.input, 16) == input_digest(s.start, ids[s.start:s.end], texts[s.start:s.end])
                for s in done.shards)
+
+
+def _broken_at_300(corpus: Path) -> list[str]:
+    lines = sample_lines()
+    corpus.write_text("\n".join([*lines[:299], '{"id": "broken"}', *lines[300:]]) + "\n")
+    return lines
+
+
+def test_a_recorded_shard_lost_or_damaged_since_is_encoded_again(tmp_path):
+    """A resume checked the recorded parts' input, not their files: a deleted shard stayed listed and the run
+    ended "complete" over the gap."""
+    corpus = tmp_path / "c.jsonl"
+    lines = _broken_at_300(corpus)
+    with pytest.raises(LsrIndexError, match=r"c\.jsonl:300"):
+        encode(corpus, tmp_path / "v", max_tokens=4096)
+    shards = Manifest.load(tmp_path / "v").shards
+    assert len(shards) == 4
+    (tmp_path / "v" / shards[1].file).unlink()
+    damaged = tmp_path / "v" / shards[2].file
+    damaged.write_bytes(damaged.read_bytes()[:-10])
+    corpus.write_text("\n".join(lines) + "\n")
+    done = encode(corpus, tmp_path / "v", max_tokens=4096)
+    assert done.complete and done.stats["stale_parts_reencoded"] == 2 and done.stats["docs_this_run"] == 400 - 128
+    reference = tmp_path / "whole.jsonl"
+    reference.write_text("\n".join(lines) + "\n")
+    whole = encode(reference, tmp_path / "w", max_tokens=4096)
+    assert [s.sha256 for s in done.shards] == [s.sha256 for s in whole.shards]
+
+
+def test_a_damaged_checkpoint_is_encoded_again_from_where_it_starts(tmp_path):
+    """Recorded chunks were concatenated into the shard unchecked: a half chunk made a "complete" shard that
+    decompressed only in part."""
+    corpus = tmp_path / "c.jsonl"
+    lines = [json.dumps({**json.loads(line), "id": f"{k}-{n}"}) for k in range(2) for n, line in
+             enumerate(sample_lines())]  # 800: two pieces of 256 encoded (and checkpointed) before the bad record
+    corpus.write_text("\n".join([*lines[:699], '{"id": "broken"}', *lines[700:]]) + "\n")
+    with pytest.raises(LsrIndexError, match=r"c\.jsonl:700"):
+        encode(corpus, tmp_path / "v", max_tokens=4096, shard_docs=1000, checkpoint_seconds=0,
+               output_format="jsonl.gz")
+    chunks = sorted(Manifest.load(tmp_path / "v").chunks, key=lambda c: c.start)
+    assert len(chunks) >= 3
+    damaged = tmp_path / "v" / chunks[1].file
+    damaged.write_bytes(damaged.read_bytes()[: damaged.stat().st_size // 2])
+    corpus.write_text("\n".join(lines) + "\n")
+    done = encode(corpus, tmp_path / "v", max_tokens=4096, shard_docs=1000, checkpoint_seconds=0,
+                  output_format="jsonl.gz")
+    assert done.complete and done.stats["resumed_at"] == chunks[0].docs
+    assert done.stats["stale_parts_reencoded"] == len(chunks) - 1
+    encode(corpus, tmp_path / "w", max_tokens=4096, shard_docs=1000, output_format="jsonl.gz")
+    assert vectors_of(tmp_path / "v") == vectors_of(tmp_path / "w")
+
+
+def test_a_run_stopped_at_a_bad_record_resumes_under_on_error_skip(tmp_path):
+    """The error says "rerun with --on-error skip"; that rerun refused the partial encoding as made with other
+    input and asked for --overwrite, which discards the shards before the bad record."""
+    corpus = tmp_path / "c.jsonl"
+    _broken_at_300(corpus)
+    with pytest.raises(LsrIndexError, match=r"c\.jsonl:300.*--on-error skip"):
+        encode(corpus, tmp_path / "v", max_tokens=4096)
+    job = EncodeJob(inputs=(str(corpus),), on_error="skip", options=EncodeOptions(
+        doc_max_length=32, shard_docs=64, progress=False, output_format="jsonl", max_tokens=4096))
+    done = encode_corpus(job, tmp_path / "v")
+    assert done.complete and done.stats["resumed_at"] == 256 and done.docs == 399 and done.skipped == 1
+    assert done.input["on_error"] == "skip"
 
 
 # --- issue 18: truncation reported; text past what the tokenizer keeps is not held whole ---------------
@@ -500,6 +613,34 @@ def test_a_closed_prefetch_stops_reading_and_its_thread_ends():
     while threading.active_count() > before and time.time() < deadline:
         time.sleep(0.01)
     assert threading.active_count() == before
+
+
+@pytest.mark.slow
+def test_sigterm_saves_what_is_recorded_says_so_and_the_rerun_continues(tmp_path):
+    """A scheduler's SIGTERM ended the process where it stood: no message, and the parts recorded since the last
+    once-a-second save were lost (their files deleted as leftovers by the rerun)."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({**json.loads(line), "id": f"{k}-" + json.loads(line)["id"]}) + "\n"
+                              for k in range(4) for line in sample_lines()))
+    out = tmp_path / "v"
+    args = ["encode", str(corpus), "-o", str(out), "--doc-max-length", "32", "--max-tokens", "4096",
+            "--checkpoint-seconds", "0", "--format", "jsonl"]
+    proc = subprocess.Popen([sys.executable, "-m", "lsr_index", "--quiet", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and _chunks_recorded(out) < 1:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be terminated"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and err.strip() == "terminated: rerun the same command to continue where it stopped"
+    at_stop = Manifest.load(out)
+    listed = {p.file for p in at_stop.chunks}
+    on_disk = {f"shards/{p.name}" for p in (out / "shards").iterdir() if p.name.endswith(".chunk")}
+    assert listed and listed <= on_disk  # what was recorded was saved (a chunk still being written may follow)
+    resumed = run_cli("--quiet", *args)
+    assert resumed.returncode == 0, resumed.stderr
+    assert Manifest.load(out).stats["resumed_at"] == sum(c.docs for c in at_stop.chunks)
 
 
 def test_the_summary_gives_the_commands_whole_time_beside_the_encode_clock(tmp_path, splade_tiny):
