@@ -226,8 +226,8 @@ def _refuse_foreign(out: Path) -> None:
 
     def owned(path: Path) -> bool:
         if ours is None and path.name in (MANIFEST, SHARDS) and not path.is_symlink():
-            return path.name == MANIFEST or (path.is_dir() and all(is_ours(p.name) or is_temporary(p.name)
-                                                                   for p in path.iterdir()))
+            return path.name == MANIFEST or (path.is_dir() and all(
+                is_ours(p.name) or is_temporary(p.name) or is_attempt(p.name) for p in path.iterdir()))
         return _owned_top_level(path)
 
     foreign = sorted(p.name for p in out.iterdir() if not owned(p))

@@ -198,18 +198,21 @@ class ShardError(Exception):
 # --- the Lucene side --------------------------------------------------------------------------------
 
 MIN_HEAP_MB = 64  # below it a writer's JVM starts but Lucene's buffers and merges do not fit
+MAX_HEAP_MB = 64 << 20  # 64t; java itself refuses only absurd sizes (100000000000000t) and hides why in the build
 
 
 def heap_mb(heap: str) -> float:
     """A writer's heap (java -Xmx syntax: digits, then k, m, g or t, or bytes without one) in MB, checked before any
     JVM starts: a JVM refused its heap only with a message on its stdout, among the writers' progress counts."""
-    found = re.fullmatch(r"\s*(\d+)([kmgt]?)\s*", heap, re.IGNORECASE)
+    found = re.fullmatch(r"(\d+)([kmgt]?)", heap, re.IGNORECASE)  # as java reads it: no spaces
     if not found:
         raise LsrIndexError(f"--heap {heap!r}: not a heap size: a whole number with k, m, g or t (e.g. 4g, 512m)")
     mb = int(found[1]) * {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}.get(found[2].lower(), 1 / (1 << 20))
     if mb < MIN_HEAP_MB:
         raise LsrIndexError(f"--heap {heap!r}: {mb:g} MB is too small for a Lucene writer: at least {MIN_HEAP_MB}m "
                             "(a bare number is bytes, as java -Xmx reads it)")
+    if mb > MAX_HEAP_MB:
+        raise LsrIndexError(f"--heap {heap!r}: more than {MAX_HEAP_MB >> 20}t, beyond any machine's memory")
     return mb
 
 

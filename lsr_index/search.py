@@ -118,10 +118,11 @@ def write_run(path: Path, run: Run, fmt: str = "trec", tag: str = "lsr-index") -
 def check_run_path(path: Path, inputs: list[Path]) -> None:
     """Refuse, before a search, a run path that names one of its inputs (the run would replace the queries or the
     judgments) or a directory that cannot be written (found only after the whole search)."""
+    real = Path(os.path.realpath(path))  # not Path.resolve: it raises on a link loop
     for given in inputs:
-        if path.resolve() == given.resolve():
+        if real == Path(os.path.realpath(given)):
             raise LsrIndexError(f"--run {path}: that is an input of this search ({given}); write the run elsewhere")
-    parent = path.resolve().parent
+    parent = real.parent
     existing = next(p for p in (parent, *parent.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise LsrIndexError(f"--run {path}: cannot write in {existing}")

@@ -242,7 +242,7 @@ def test_a_manifest_that_miscounts_a_shard_is_refused_not_indexed_short(tmp_path
         build.build_index(out, tmp_path / "index", heap="256m", progress=False)
 
 
-@pytest.mark.parametrize("heap", ["512", "1m", "abc", "1.5g", ""])
+@pytest.mark.parametrize("heap", ["512", "1m", "abc", "1.5g", "", "4g ", "100000000000000t"])
 def test_a_heap_the_jvm_cannot_take_is_one_line_before_any_writer(tmp_path, heap):
     """`--heap 512` (bytes, as java reads it) ended in a ValueError traceback: the JVM's refusal on its stdout was
     parsed as a progress count."""

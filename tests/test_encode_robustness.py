@@ -115,6 +115,18 @@ def test_overwrite_refuses_a_directory_whose_manifest_is_not_an_encodes(tmp_path
         assert sorted((p.relative_to(out), p.read_bytes()) for p in out.rglob("*") if p.is_file()) == before
 
 
+def test_a_link_loop_among_the_inputs_is_named_not_a_traceback(tmp_path):
+    """The output's exclusion resolved every entry before the usual checks: a link loop raised RuntimeError."""
+    corpus = tmp_path / "c"
+    corpus.mkdir()
+    (corpus / "a.jsonl").write_text("\n".join(sample_lines(5)) + "\n")
+    (corpus / "loop.jsonl").symlink_to("loop.jsonl")
+    for source in (corpus, f"{corpus}/*.jsonl"):
+        cli = run_cli("--quiet", "encode", str(source), "-o", str(tmp_path / "v"))
+        assert cli.returncode == 1 and "Traceback" not in cli.stderr, cli.stderr
+        assert f"{corpus / 'loop.jsonl'}: cannot read" in cli.stderr and "symbolic links" in cli.stderr
+
+
 def test_an_output_made_inside_the_corpus_directory_is_not_read_back(tmp_path):
     """`cd corpus && lsr-index encode .` makes ./lsr-out among the corpus files: the rerun failed ("subdirectories of
     a corpus directory are not searched"), and a pattern such as dir/**/*.json read the output's manifest.json as
