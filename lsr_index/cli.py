@@ -165,6 +165,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     A rerun with the same inputs and settings encodes only the shards not yet complete.
     """
     from .corpus import Fields
+    from .durable import real_path
     from .encode_corpus import EncodeJob, EncodeOptions, encode_corpus
     from .quantize import Quantization
     from .sources import resolve
@@ -173,7 +174,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
 
     out = output or ctx.obj["workdir"] / "vectors"
     # a missing or unreadable input is reported before torch loads (3 s) or a model is fetched
-    _, passed_over = resolve(list(inputs), out.resolve())
+    _, passed_over = resolve(list(inputs), real_path(out))
     if passed_over:
         click.echo(f"note: passed over {len(passed_over)} entr{'y' if len(passed_over) == 1 else 'ies'} of the input "
                    f"directories (the output, names starting with '.' or '_'): "

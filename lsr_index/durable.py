@@ -47,6 +47,12 @@ def write_error(path: Path, exc: OSError, what: str = "write") -> LsrIndexError:
     return LsrIndexError(f"{path}: cannot {what}: {os_cause(exc)}" + (" (free some space and rerun)" if full else ""))
 
 
+def real_path(path: str | os.PathLike[str]) -> Path:
+    """Where a path leads, links followed, never raising: Path.resolve raises on a link loop (Python 3.11), which
+    the readers and writers then name with their own message."""
+    return Path(os.path.realpath(path))
+
+
 def refuse_symlink(path: Path, what: str) -> None:
     """An output path must be our own file or directory: a link would carry writes and deletes elsewhere."""
     try:

@@ -11,7 +11,6 @@ files the manifest does not list are this command's own leftovers, deleted and e
 
 from __future__ import annotations
 
-import json
 import resource
 import shutil
 import threading
@@ -28,7 +27,7 @@ from .encode_job import EncodeJob, EncodeOptions, pieces
 from .encode_shard import Assignment, WorkerResult
 from .errors import LsrIndexError
 from .executors import run_in_process, run_local_workers
-from .manifest import KIND, MANIFEST, Chunk, Manifest, Part, Shard
+from .manifest import MANIFEST, Chunk, Manifest, Part, Shard, written_by_encode
 from .model_files import sha256_file
 from .progress import EncodeBar
 from .writers import SHARDS, is_attempt, is_ours, is_temporary
@@ -215,12 +214,7 @@ def _refuse_foreign(out: Path) -> None:
     past reading (not JSON), when all else it holds is ours by name."""
     if not out.is_dir():
         return
-    try:
-        ours = json.loads((out / MANIFEST).read_bytes()).get("kind") == KIND
-    except FileNotFoundError:
-        ours = False
-    except (OSError, ValueError, AttributeError):  # unreadable, not JSON, not an object: judged by the rest
-        ours = None
+    ours = written_by_encode(out)
     if ours:
         return
 

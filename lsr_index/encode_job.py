@@ -16,6 +16,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from .corpus import CorpusReader, Fields
+from .durable import real_path
 from .errors import LsrIndexError
 from .quantize import Quantization
 from .settings import DEFAULTS, DTYPE, MAX_TOKENS, check
@@ -67,7 +68,7 @@ class EncodeJob:
         check("dtype", self.dtype)
 
     def for_output(self, out: Path) -> EncodeJob:
-        return replace(self, output=str(out.resolve()))
+        return replace(self, output=str(real_path(out)))
 
     @property
     def window(self) -> int:

@@ -157,13 +157,24 @@ class Manifest:
             if path in seen:
                 raise LsrIndexError(f"{origin}: malformed manifest: shard {part.file!r} is listed twice")
             seen.add(path)
-        ends = [s.end for s in sorted(shards, key=lambda s: s.start)]
-        tiled = [s.start for s in sorted(shards, key=lambda s: s.start)] == [0, *ends[:-1]]  # else: the gap is named
+        ordered = sorted(shards, key=lambda s: s.start)
+        tiled = [s.start for s in ordered] == [0, *(s.end for s in ordered[:-1])]  # else verify_shards names the gap
         if recorded is not None and recorded != manifest.docs and tiled:
             raise LsrIndexError(f"{origin}: its shards hold {manifest.docs:,} documents but it records "
                                 f"{recorded!r}: it was edited or damaged; restore it, or rerun `lsr-index encode "
                                 "--overwrite`")
         return manifest
+
+
+def written_by_encode(directory: Path) -> bool | None:
+    """Whether `directory` holds an lsr-index vectors manifest (of any version): True; False where it holds none or
+    one of another kind; None where the file cannot be read as JSON (damaged past knowing whose it was)."""
+    try:
+        return json.loads((directory / MANIFEST).read_bytes()).get("kind") == KIND
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 class _Malformed(Exception):

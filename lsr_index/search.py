@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .durable import atomic_write_bytes
+from .durable import atomic_write_bytes, real_path
 from .errors import InputError, LsrIndexError
 from .ids import check_id
 from .lucene import ImpactSearcher, IndexGeneration, index_manifest
@@ -118,9 +118,9 @@ def write_run(path: Path, run: Run, fmt: str = "trec", tag: str = "lsr-index") -
 def check_run_path(path: Path, inputs: list[Path]) -> None:
     """Refuse, before a search, a run path that names one of its inputs (the run would replace the queries or the
     judgments) or a directory that cannot be written (found only after the whole search)."""
-    real = Path(os.path.realpath(path))  # not Path.resolve: it raises on a link loop
+    real = real_path(path)
     for given in inputs:
-        if real == Path(os.path.realpath(given)):
+        if real == real_path(given):
             raise LsrIndexError(f"--run {path}: that is an input of this search ({given}); write the run elsewhere")
     parent = real.parent
     existing = next(p for p in (parent, *parent.parents) if p.exists())

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lsr_index.decompress import CODECS, missing_module
+from lsr_index.durable import real_path
 from lsr_index.errors import InputError
 
 _JSONL = (".jsonl", ".ndjson", ".json")
@@ -74,16 +75,11 @@ def _expand(source: str | os.PathLike[str], passed_over: list[Path], exclude: Pa
         return [_checked(path, "unsupported file type")]
     pattern = os.fspath(source)
     if glob.has_magic(pattern):
-        matches = sorted(m for m in _glob(pattern) if not (exclude and _real(m).is_relative_to(exclude)))
+        matches = sorted(m for m in _glob(pattern) if not (exclude and real_path(m).is_relative_to(exclude)))
         if not matches:
             raise InputError(pattern, None, "pattern matches nothing", f"supported: {SUPPORTED}")
         return [_checked(Path(m), "the pattern matches this unsupported file", _PATTERN_HINT) for m in matches]
     raise InputError(path, None, "no such file or directory")
-
-
-def _real(path: str | Path) -> Path:
-    """Where a path leads, links followed, never raising: a link loop stays as it is, for _checked to name."""
-    return Path(os.path.realpath(path))
 
 
 def _directory(path: Path, passed_over: list[Path], exclude: Path | None) -> list[Path]:
@@ -94,7 +90,7 @@ def _directory(path: Path, passed_over: list[Path], exclude: Path | None) -> lis
         raise InputError(path, None, f"cannot list this directory: {describe(e)}") from e
     files = []
     for entry in entries:
-        if entry.name.startswith(_PASSED_OVER) or (exclude and exclude.is_relative_to(_real(entry))):
+        if entry.name.startswith(_PASSED_OVER) or (exclude and exclude.is_relative_to(real_path(entry))):
             passed_over.append(entry)
         elif entry.is_dir():
             raise InputError(
