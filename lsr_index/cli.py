@@ -7,12 +7,16 @@ WORKDIR/index, search reads that and writes WORKDIR/runs/<queries>.trec. Each pa
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
+import os
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
@@ -47,6 +51,24 @@ def terminate_as_interrupt() -> None:
     signal.signal(signal.SIGTERM, terminate)
 
 
+def end_stopped(message: str, *, exit_handlers: bool = True) -> NoReturn:
+    """End the process after Ctrl-C or SIGTERM, once the command has saved what it recorded: the message, then
+    128 + the signal as the status.
+
+    Not through the interpreter's own exit, which first waits for threads still loading or reading (seconds), and
+    under `python -m` ends with its own SIGINT instead of the status given once a KeyboardInterrupt has passed through
+    code run from a string (a dataclass's or namedtuple's, made by the imports): 4 of 40 SIGTERMs at start-up did.
+    The exit handlers still run (a Ray connection's, file locks'), unless threads that must not be waited for hold
+    what they would close (Java searching)."""
+    click.echo(message, err=True)
+    if exit_handlers:
+        atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(128 + _RECEIVED[0])
+
+
 def friendly_errors(fn: Callable) -> Callable:
     """Project errors become one clear line and exit status 1; Ctrl-C and SIGTERM say how to resume (130, 143)."""
 
@@ -62,8 +84,7 @@ def friendly_errors(fn: Callable) -> Callable:
             sys.exit(1)
         except KeyboardInterrupt:
             word = "terminated" if _RECEIVED[0] == signal.SIGTERM else "interrupted"
-            click.echo(f"{word}: rerun the same command to continue where it stopped", err=True)
-            sys.exit(128 + _RECEIVED[0])
+            end_stopped(f"{word}: rerun the same command to continue where it stopped")
 
     return wrapper
 
@@ -292,8 +313,6 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
 
     Ctrl-C and SIGTERM stop it at once and leave no run file (exit 130 and 143).
     """
-    import os
-
     from . import search as searching
     from .search import read_run
     from .topics import read_qrels, read_queries
@@ -312,10 +331,8 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
                                notice=lambda text: click.echo(f"note: {text}", err=True))
         searching.write_run(run_path, run, run_format)
     except KeyboardInterrupt:  # Java may still be searching in its own threads: end now, not after them
-        click.echo(f"{'terminated' if _RECEIVED[0] == signal.SIGTERM else 'interrupted'}: no run was written",
-                   err=True)
-        sys.stderr.flush()
-        os._exit(128 + _RECEIVED[0])
+        end_stopped(f"{'terminated' if _RECEIVED[0] == signal.SIGTERM else 'interrupted'}: no run was written",
+                    exit_handlers=False)
     click.echo(f"searched {len(topics):,} queries in {time.perf_counter() - t0:.1f} s → {run_path}")
     if judged is not None:  # the metrics of the file written, so that `eval` of it prints the same
         _print_metrics(read_run(run_path), judged, ctx.obj["progress"])

@@ -655,6 +655,27 @@ def test_sigterm_saves_what_is_recorded_says_so_and_the_rerun_continues(tmp_path
     assert Manifest.load(out).stats["resumed_at"] == sum(c.docs for c in at_stop.chunks)
 
 
+def test_a_stopped_command_ends_with_its_status_under_python_m(tmp_path):
+    """Under `python -m`, a SIGTERM landing in code run from a string (the dataclasses the imports make) left
+    CPython's "unhandled Ctrl-C" mark set: the process printed its message, then killed itself with SIGINT (status
+    -2, not 143), 4 of 40 times at start-up."""
+    (tmp_path / "stopped_stage.py").write_text(textwrap.dedent("""
+        import signal
+        import click
+        from lsr_index import cli
+        click.echo("started", err=True)
+        cli._RECEIVED[0] = signal.SIGTERM
+        @cli.friendly_errors
+        def stage():
+            exec("raise KeyboardInterrupt")  # as a signal landing in a dataclass's generated __init__
+        stage()
+        """))
+    run = subprocess.run([sys.executable, "-m", "stopped_stage"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 143, (run.returncode, run.stderr)
+    assert run.stderr.splitlines() == ["started", "terminated: rerun the same command to continue where it stopped"]
+
+
 def test_the_summary_gives_the_commands_whole_time_beside_the_encode_clock(tmp_path, splade_tiny):
     """The encode clock starts after the imports and the plan (~7 s on a GPU host), which a user waits for too."""
     import re
