@@ -17,6 +17,7 @@ import threading
 import time
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -110,22 +111,6 @@ class Plan:
         edges = sorted({e for p in parts for e in (p.start, p.end)})  # a chunk may end inside a reader's batch
         sums: dict[int, dict[int, int]] = {}  # shard → digest of its documents up to each piece end and edge
         ends: set[int] = set()  # where a shard ends: at its edge, or at the end of the stream
-        for piece in pieces(self.job.reader(), sd):
-            if piece.start >= extent:
-                break
-            cum = sums.setdefault(piece.shard, {piece.shard * sd: 0})
-            lo = piece.start
-            inside = edges[bisect_right(edges, piece.start):bisect_left(edges, piece.end)]
-            for hi in [*inside, piece.end]:
-                cum[hi] = (cum[lo] + piece.part(lo, hi).digest()) % _MOD
-                lo = hi
-            if piece.last:
-                ends.add(piece.end)
-
-        def same(part: Part) -> bool:
-            cum = sums.get(part.start // sd, {})
-            return part.start in cum and part.end in cum and (cum[part.end] - cum[part.start]) % _MOD == \
-                int(part.input, 16) and intact(part)
 
         def intact(part: Part) -> bool:
             """Its file as written: one deleted or damaged since (a copy that skipped hidden files, a disk error)
@@ -135,6 +120,27 @@ class Plan:
                 return path.is_file() and not path.is_symlink() and sha256_file(path) == part.sha256
             except OSError:
                 return False
+
+        # the files are hashed beside the input's reading (hashlib lets go of the GIL): 40k documents, 61 MB of jsonl
+        # shards, 2 cores: this check took 0.55 s hashing after the reading, 0.47 s beside it, 0.45 s not hashing
+        with ThreadPoolExecutor(max_workers=2) as hashing:
+            files = {id(p): hashing.submit(intact, p) for p in parts}
+            for piece in pieces(self.job.reader(), sd):
+                if piece.start >= extent:
+                    break
+                cum = sums.setdefault(piece.shard, {piece.shard * sd: 0})
+                lo = piece.start
+                inside = edges[bisect_right(edges, piece.start):bisect_left(edges, piece.end)]
+                for hi in [*inside, piece.end]:
+                    cum[hi] = (cum[lo] + piece.part(lo, hi).digest()) % _MOD
+                    lo = hi
+                if piece.last:
+                    ends.add(piece.end)
+
+        def same(part: Part) -> bool:
+            cum = sums.get(part.start // sd, {})
+            return part.start in cum and part.end in cum and (cum[part.end] - cum[part.start]) % _MOD == \
+                int(part.input, 16) and files[id(part)].result()
 
         keep_shards = [s for s in m.shards if same(s) and s.end in ends]
         published = {s.start // sd for s in keep_shards}
