@@ -13,6 +13,7 @@ import fcntl
 import glob
 import json
 import os
+import re
 import selectors
 import shutil
 import signal
@@ -165,6 +166,11 @@ def _publish(built: Path, index: Path, work: Path) -> None:
         fsync_directory(index.parent)
 
 
+# What a build leaves in an index: Lucene's files (IndexFileNames: segments_N, the segments' `_N…` files, write.lock)
+# and the record. Anything else was put there by someone, and --overwrite would delete it with the old generation.
+_INDEX_FILE = re.compile(r"(pending_)?segments_[0-9a-z]+|_[0-9a-z]+(_.*)?\..*|write\.lock|" + re.escape(INDEX_MANIFEST))
+
+
 def _check_target(vectors: Path, index: Path, overwrite: bool) -> None:
     """`--overwrite` replaces only an lsr-index index (it has lsr-index.json) or an empty directory, and never
     the input: a directory that is or contains the vectors, or anything reached through a symbolic link."""
@@ -186,6 +192,10 @@ def _check_target(vectors: Path, index: Path, overwrite: bool) -> None:
     if not (record.is_file() and not record.is_symlink()) and any(index.iterdir()):
         raise LsrIndexError(f"{index} is not an lsr-index index (no {INDEX_MANIFEST}) and not empty; --overwrite "
                             "replaces only an index made by `lsr-index build`: choose another --index")
+    foreign = sorted(p.name for p in index.iterdir() if not (_INDEX_FILE.fullmatch(p.name) and p.is_file()))
+    if foreign:
+        raise LsrIndexError(f"{index} holds {foreign[0]!r}, which lsr-index build did not write; --overwrite would "
+                            "delete it with the old index: move it out, or choose another --index")
 
 
 def build_index(vectors: Path, index: Path, threads: int | None = None, heap: str = "4g",
@@ -200,6 +210,8 @@ def build_index(vectors: Path, index: Path, threads: int | None = None, heap: st
     if builder not in BUILDERS:
         raise LsrIndexError(f"unknown builder {builder!r}: choose one of {', '.join(BUILDERS)}")
     heap_mb(heap)
+    if index.name in ("", ".."):  # `--index .`: its lock and work directory go beside it, not inside it (EBUSY)
+        index = Path(os.path.abspath(index))
     with exclusive_lock(vectors, shared=True):
         manifest = Manifest.load(vectors)
         if not manifest.complete:

@@ -1,11 +1,14 @@
 """Retrieval metrics through ir_measures, averaged over every judged query.
 
-Documents of equal score are ordered as trec_eval orders them (document id descending) before any measure sees the
-run: ir_measures sends RR@10 to its msmarco provider, which keeps the run's order, and the others to pytrec_eval,
-which sorts ties by id, so a relevant document tied with another counted as rank 1 for nDCG and rank 2 for MRR.
+Documents are ordered as trec_eval orders them (score as the C float it holds, so scores equal in 32 bits tie; then
+document id descending) before any measure sees the run: ir_measures sends RR@10 to its msmarco provider, which keeps
+the run's order, and the others to pytrec_eval, which sorts ties by id, so a relevant document tied with another
+counted as rank 1 for nDCG and rank 2 for MRR.
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .errors import LsrIndexError
 
@@ -24,17 +27,27 @@ def evaluate(run: dict[str, list[tuple[str, float]]], qrels: dict[str, dict[str,
     parsed = [ir_measures.parse_measure(m) for m in measures]
     scored = {qid: _untied(ranked) for qid, ranked in run.items() if ranked}
     totals = dict.fromkeys(parsed, 0.0)
-    for metric in ir_measures.iter_calc(parsed, qrels, scored):
+    for metric in ir_measures.iter_calc(parsed, _graded(qrels), scored):
         if metric.query_id in qrels:
             totals[metric.measure] += metric.value
     return {str(m): totals[m] / max(len(qrels), 1) for m in parsed}
 
 
+def _graded(qrels: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Negative grades as 0. trec_eval counts a negative grade as judged, not relevant, gain 0 (what 0 is to these
+    measures), but sizes a table by each query's largest grade: a query whose grades are all -2 or less made
+    pytrec_eval write past its memory (a segfault, no message)."""
+    return {qid: {doc: max(rel, 0) for doc, rel in judged.items()} for qid, judged in qrels.items()}
+
+
 def _untied(ranked: list[tuple[str, float]]) -> dict[str, float]:
-    """Distinct scores in trec_eval's order (score, then document id, both descending): every provider then ranks the
-    documents alike."""
-    order = sorted(ranked, key=lambda hit: (hit[1], hit[0]), reverse=True)
-    return {doc: float(len(order) - rank) for rank, (doc, _) in enumerate(order)}
+    """Distinct scores in trec_eval's order (score as a 32-bit float, then document id, both descending): every
+    provider then ranks the documents alike. trec_eval keeps a score in a C float, so 1.00000002 and 1.00000001 tie
+    there."""
+    with np.errstate(over="ignore"):  # beyond a float's range: inf, as in trec_eval
+        scores = np.array([score for _, score in ranked], dtype=np.float64).astype(np.float32).tolist()
+    order = sorted(zip(scores, (doc for doc, _ in ranked)), reverse=True)
+    return {doc: float(len(order) - rank) for rank, (_, doc) in enumerate(order)}
 
 
 def format_metrics(metrics: dict[str, float]) -> str:

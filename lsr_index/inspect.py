@@ -159,7 +159,12 @@ def require_matplotlib() -> None:
 
 
 def write_png(stats: CorpusStats, path: Path) -> None:
-    """Histograms of nonzeros per document and of impacts, written atomically."""
+    """Histograms of nonzeros per document and of impacts, written atomically; never into an index or vectors
+    directory (`--png vectors/manifest.json` once replaced the manifest it had just read)."""
+    from .search import inside_output
+
+    if owner := inside_output(path):
+        raise LsrIndexError(f"--png {path}: that is inside {owner}; write the picture elsewhere")
     import matplotlib
 
     matplotlib.use("Agg")

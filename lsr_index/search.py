@@ -11,8 +11,8 @@ from pathlib import Path
 from .durable import atomic_write_bytes, real_path
 from .errors import InputError, LsrIndexError
 from .ids import check_id
-from .lucene import ImpactSearcher, IndexGeneration, index_manifest
-from .manifest import Manifest
+from .lucene import INDEX_MANIFEST, ImpactSearcher, IndexGeneration, index_manifest
+from .manifest import Manifest, written_by_encode
 from .progress import bar, note
 from .quantize import Quantization, quantize
 from .topics import text_lines
@@ -117,15 +117,31 @@ def write_run(path: Path, run: Run, fmt: str = "trec", tag: str = "lsr-index") -
 
 def check_run_path(path: Path, inputs: list[Path]) -> None:
     """Refuse, before a search, a run path that names one of its inputs (the run would replace the queries or the
-    judgments) or a directory that cannot be written (found only after the whole search)."""
+    judgments), lies in an index or vectors directory (see `inside_output`) or in a directory that cannot be
+    written (found only after the whole search)."""
     real = real_path(path)
     for given in inputs:
         if real == real_path(given):
             raise LsrIndexError(f"--run {path}: that is an input of this search ({given}); write the run elsewhere")
+    if owner := inside_output(path):
+        raise LsrIndexError(f"--run {path}: that is inside {owner}; write the run elsewhere")
     parent = real.parent
     existing = next(p for p in (parent, *parent.parents) if p.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         raise LsrIndexError(f"--run {path}: cannot write in {existing}")
+
+
+def inside_output(path: Path) -> str | None:
+    """The index or vectors directory that `path` lies in (directly, or in its shards/), or None. A file written
+    there replaces one of its files (`--run index/lsr-index.json` once replaced the record of the index just
+    searched) or is deleted with it by the next `--overwrite`."""
+    real = real_path(path)
+    for directory in (real.parent, *([real.parent.parent] if real.parent.name == "shards" else [])):
+        if (directory / INDEX_MANIFEST).is_file():
+            return f"the index {directory}"
+        if written_by_encode(directory):
+            return f"the vectors directory {directory}"
+    return None
 
 
 def read_run(path: Path) -> Run:
