@@ -148,14 +148,35 @@ def _stamp(path: Path) -> tuple[int, int, int, int, int]:
 
 
 def weight_files(path: Path) -> list[Path]:
-    """The weights of the model in `path`: its safetensors, else its pickled PyTorch state dicts."""
-    safetensors = sorted(path.glob("*.safetensors"))
-    if safetensors:
-        return safetensors
-    pickles = sorted(path.glob("pytorch_model*.bin")) or sorted([*path.glob("*.pt"), *path.glob("*.pth")])
+    """The weights of the model in `path`: its safetensors, else its pickled PyTorch state dicts. Where transformers
+    would read one file (model.safetensors, pytorch_model.bin) or a sharded set (the files its index names), so does
+    this: a stray file beside them (a shard set's old single file, a training state) is not the model's."""
+    for single, index, pattern in (("model.safetensors", "model.safetensors.index.json", "*.safetensors"),
+                                   ("pytorch_model.bin", "pytorch_model.bin.index.json", "pytorch_model*.bin")):
+        if (path / single).is_file():
+            return [path / single]
+        if (path / index).is_file():
+            return _shards(path, path / index)
+        if found := sorted(path.glob(pattern)):
+            return found
+    pickles = sorted([*path.glob("*.pt"), *path.glob("*.pth")])
     if not pickles:
         raise LsrIndexError(f"model {path}: no weights (*.safetensors, pytorch_model*.bin, *.pt)")
     return pickles
+
+
+def _shards(path: Path, index: Path) -> list[Path]:
+    """The files a sharded checkpoint's index names, each one checked to be there, in the model directory."""
+    weight_map = _json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map or not all(isinstance(f, str) for f in weight_map.values()):
+        raise LsrIndexError(f"{index}: no weight_map of tensor name → shard file")
+    shards = []
+    for name in sorted(set(weight_map.values())):
+        shard = path / name
+        if Path(name).name != name or not shard.is_file():
+            raise LsrIndexError(f"{index}: names the shard {name!r}, which is not a file of {path}")
+        shards.append(shard)
+    return shards
 
 
 _noted: set[Path] = set()
@@ -182,6 +203,10 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
                 print(f"note: {file}: pickled PyTorch weights, read with torch.load(weights_only=True), which runs "
                       "no code", file=sys.stderr)
             part = _load_pickle(file, torch)
+        if twice := sorted(state.keys() & part.keys()):  # which one is the model's cannot be told
+            more = f" (and {len(twice) - 1} more)" if len(twice) > 1 else ""
+            raise LsrIndexError(f"model {path}: {file.name} and another weight file both hold {twice[0]}{more}: "
+                                "keep one model's weights")
         state.update(part)
     return state
 

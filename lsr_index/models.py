@@ -103,6 +103,8 @@ def resolve_model(name_or_path: str) -> Path:
         if not (target / WEIGHTS_FILE).exists():
             _fetch_embedded(name_or_path, spec, target)
         return target
+    if path.is_file():
+        raise LsrIndexError(f"model {name_or_path!r} is a file: pass the directory that holds the model's files")
     if path.exists() or name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") != 1:
         raise LsrIndexError(f"model {name_or_path!r}: no such directory, and not a known model name "
                             f"({', '.join(EMBEDDED)}) or a Hugging Face id (owner/name)")
@@ -113,24 +115,53 @@ def resolve_model(name_or_path: str) -> Path:
                                                                     "pytorch_model*.bin"]))
     except Exception as exc:  # offline, unknown repo, gated: all end the same way for the user
         raise LsrIndexError(f"model {name_or_path!r}: could not download from the Hugging Face hub "
-                            f"({type(exc).__name__}); pass a local directory instead") from exc
+                            f"({_hub_failure(exc)}); pass a local directory instead") from exc
+
+
+def _hub_failure(exc: Exception) -> str:
+    """Why a download failed, in the user's terms: with no network huggingface_hub names only its cache lookup."""
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    if isinstance(exc, LocalEntryNotFoundError):
+        return "the hub cannot be reached (no network, or HF_HUB_OFFLINE is set) and the model is not in its cache"
+    if isinstance(exc, GatedRepoError):
+        return "a gated model: accept its licence on the hub and log in, or set HF_TOKEN"
+    if isinstance(exc, RepositoryNotFoundError):
+        return "no such model on the hub, or a private one: log in, or set HF_TOKEN"
+    return f"{type(exc).__name__}: {_first_line(exc)}"
+
+
+def _first_line(exc: BaseException) -> str:
+    """An exception's first non-empty line (and the next, where it ends in a colon): transformers' messages run to
+    paragraphs of advice."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+    return " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
 
 
 def max_length(path: Path) -> int | None:
-    """The longest input the model takes (position embeddings), read from its files without loading it."""
+    """The longest input the model takes, read from its files without loading it: the tokenizer's limit and the
+    position embeddings', the lower where both are given (a tokenizer copied from a larger model may claim 512 for a
+    body of 128 positions, which would fail in the middle of a run)."""
     import json
 
-    try:
-        tok = json.loads((path / "tokenizer_config.json").read_text()).get("model_max_length")
-        if isinstance(tok, int) and tok < 10**6:
-            return tok
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    positions = config.get("max_position_embeddings")
-    if not isinstance(positions, int):
-        return None
-    return positions - 2 if config.get("model_type") in ("roberta", "xlm-roberta", "camembert") else positions
+    limits = []
+    for name in ("tokenizer_config.json", "config.json"):
+        try:
+            settings = json.loads((path / name).read_text())
+        except (OSError, ValueError):
+            continue
+        if not isinstance(settings, dict):
+            continue
+        if name == "tokenizer_config.json":
+            limit = settings.get("model_max_length")
+            if isinstance(limit, int) and limit < 10**6:  # transformers' "no limit" is 1e30
+                limits.append(limit)
+            continue
+        positions = settings.get("max_position_embeddings")
+        if isinstance(positions, int) and not isinstance(positions, bool):
+            limits.append(positions - 2 if settings.get("model_type") in ("roberta", "xlm-roberta", "camembert")
+                          else positions)
+    return min(limits) if limits else None
 
 
 @dataclass
@@ -187,8 +218,8 @@ def _read_tokenizer(path: Path):
 
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=False, use_fast=True)
-    except (OSError, ValueError, KeyError) as exc:
-        raise LsrIndexError(f"model {path}: cannot load its tokenizer: {exc}") from exc
+    except Exception as exc:  # whatever a damaged file makes transformers raise (no remote code runs here)
+        raise LsrIndexError(f"model {path}: cannot load its tokenizer: {_first_line(exc)}") from exc
 
 
 def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: torch.dtype | None = None,
@@ -260,8 +291,8 @@ def _masked_lm_class(path: Path) -> tuple[object, type]:
 
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError, KeyError) as exc:
-        raise LsrIndexError(f"model {path}: cannot read its config.json: {exc}") from exc
+    except Exception as exc:  # a field of the wrong type fails huggingface_hub's validation, not with a ValueError
+        raise LsrIndexError(f"model {path}: cannot read its config.json: {_first_line(exc)}") from exc
     if type(config) not in MODEL_FOR_MASKED_LM_MAPPING:
         raise LsrIndexError(f"model {path}: transformers has no masked-LM class for model_type "
                             f"{config.model_type!r}: SPLADE needs a masked language model")
@@ -276,12 +307,18 @@ def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:
         with _BUILDING:
             mlm, info = masked_lm.from_pretrained(None, config=config, state_dict=state, output_loading_info=True,
                                                   dtype=dtype)
-    except (OSError, ValueError, KeyError, RuntimeError) as exc:
-        raise LsrIndexError(f"model {path}: cannot load it as a masked-LM: {str(exc).splitlines()[0]}") from exc
-    decoder = mlm.get_output_embeddings()
-    head = {id(p) for p in (decoder.weight, decoder.bias) if p is not None}
-    tied = {n for n, p in mlm.named_parameters(remove_duplicate=False) if id(p) in head}
-    missing = sorted(k for k in info["missing_keys"] if k not in tied)
+    except Exception as exc:  # a config the layers cannot be built from (an AssertionError in torch, too)
+        if "ignore_mismatched_sizes" in str(exc):  # transformers' report of which, above, went to its log
+            raise LsrIndexError(f"model {path}: weights whose shapes differ from config.json: the checkpoint is "
+                                "another configuration's") from exc
+        raise LsrIndexError(f"model {path}: cannot load it as a masked-LM: {type(exc).__name__}: "
+                            f"{_first_line(exc)}") from exc
+    # a name the checkpoint lacks is filled only where it is another name of a tensor that was read (a decoder tied to
+    # the embeddings, BERT's bias under two names); else its layer is initialised: an untied decoder, a head's bias
+    params = dict(mlm.named_parameters(remove_duplicate=False))
+    absent = set(info["missing_keys"])
+    read = {id(p) for name, p in params.items() if name not in absent}
+    missing = sorted(k for k in absent if k not in params or id(params[k]) not in read)
     if missing:  # randomly initialised layers would silently give a different model
         raise LsrIndexError(f"model {path}: weights missing from the checkpoint: {', '.join(missing[:5])}")
     if info["mismatched_keys"]:

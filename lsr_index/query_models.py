@@ -162,6 +162,9 @@ def _static_embedding(root: Path, route: QueryRoute) -> TokenWeights:
                             f"{len(vocab)} terms")
     weights = np.zeros(len(vocab), np.float32)
     weights[:weight.numel()] = weight.float().numpy()
+    if bad := np.flatnonzero(~(weights >= 0) | ~np.isfinite(weights)).tolist():
+        raise LsrIndexError(f"{file}: the query weight of {vocab[bad[0]]!r} is {weights[bad[0]]}: a query term "
+                            "weighs a finite number, 0 or more")
     return TokenWeights(name=str(root), path=root, sha256=model_sha256(root), tokenizer=tokenizer, weights=weights,
                         vocab=vocab)
 
@@ -173,14 +176,20 @@ def _read_table(file: Path) -> dict[str, float]:
             table = json.loads(file.read_text(encoding="utf-8"))
             if not isinstance(table, dict):
                 raise ValueError("expected a JSON object of term → weight")
-            return {str(k): float(v) for k, v in table.items()}
-        table = {}
-        for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
-            if line.strip():
-                term, sep, weight = line.rpartition("\t")
-                if not sep:
-                    raise ValueError(f"line {number}: expected term<TAB>weight")
-                table[term] = float(weight)
-        return table
+            table = {str(k): float(v) for k, v in table.items()}
+        else:
+            table = {}
+            for number, line in enumerate(file.read_text(encoding="utf-8").splitlines(), 1):
+                if line.strip():
+                    term, sep, weight = line.rpartition("\t")
+                    if not sep:
+                        raise ValueError(f"line {number}: expected term<TAB>weight")
+                    table[term] = float(weight)
     except (OSError, ValueError, TypeError) as exc:
         raise LsrIndexError(f"{file}: not a token weight table ({exc})") from exc
+    # a NaN, an infinity or a negative weight would end the search, not here, in an error about impacts or in Lucene
+    bad = next((term for term, weight in table.items() if not 0 <= weight < float("inf")), None)
+    if bad is not None:
+        raise LsrIndexError(f"{file}: the weight of {bad!r} is {table[bad]}: a query term weighs a finite number, "
+                            "0 or more")
+    return table

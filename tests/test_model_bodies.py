@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from tiny_models import TEXTS, reference_weights, tokenizer_for
-from transformers import AutoConfig, AutoModelForMaskedLM
+from transformers import AutoConfig, AutoModelForMaskedLM, BertConfig, BertForMaskedLM
 
 from lsr_index.encoder import SpladeEncoder, length_buckets
 from lsr_index.errors import LsrIndexError
@@ -27,6 +27,10 @@ FAMILIES = {  # the sizes each family takes beyond SIZES (Funnel names its own)
     "nystromformer": {"num_landmarks": 4, "segment_means_seq_len": 8}, "deberta": {},
     "bart": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
              "decoder_attention_heads": 2, "encoder_ffn_dim": 48, "decoder_ffn_dim": 48},
+    "reformer": {"attention_head_size": 16, "attn_layers": ["local", "lsh"], "is_decoder": False,
+                 "axial_pos_shape": [8, 8], "axial_pos_embds_dim": [16, 16], "max_position_embeddings": 64,
+                 "feed_forward_size": 48, "local_attn_chunk_length": 4, "lsh_attn_chunk_length": 4,
+                 "num_buckets": 4, "hash_seed": 0},  # chunks shorter than the probe's documents
 }
 
 
@@ -55,6 +59,68 @@ def test_a_body_that_mixes_padding_in_gives_each_document_its_own_vectors(kind, 
     got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(texts, max_length=24)
     alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in texts])
     torch.testing.assert_close(got.double(), alone, rtol=1e-4, atol=1e-4)
+
+
+def test_a_body_that_counts_the_padding_gives_each_document_its_own_vectors(tmp_path, capsys):
+    """Reformer attends within chunks of the padded length: what fills the padding does not change a document's
+    states, how much of it there is does (by a tenth of their largest here), so it needs batches of one length too."""
+    path, mlm, tokenizer = save_family("reformer", tmp_path)
+    ids = torch.tensor([tokenizer("a protein binds the receptor")["input_ids"]])  # 7 tokens
+
+    def beside(fill: int, pads: int) -> torch.Tensor:  # the document's states, `pads` ids `fill` masked after it
+        mask = torch.tensor([[1] * ids.shape[1] + [0] * pads])
+        with torch.inference_mode():
+            return mlm(input_ids=torch.cat([ids, torch.full((1, pads), fill)], 1), attention_mask=mask).logits[:, :7]
+
+    alone = beside(0, 0)
+    torch.testing.assert_close(beside(0, 7), beside(30, 7), rtol=0, atol=0)
+    assert (beside(0, 7) - alone).abs().max() > 0.05 * alone.abs().max()
+    model = load_model(str(path))
+    assert model.unpadded
+    assert "padding changes its tokens' states" in capsys.readouterr().err
+    texts = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the older adults in a trial"]
+    got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(texts, max_length=24)
+    alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in texts])
+    torch.testing.assert_close(got.double(), alone, rtol=1e-4, atol=1e-4)
+
+
+class FromEndConfig(BertConfig):
+    model_type = "lsr-test-bert-from-end"
+
+
+class FromEndForMaskedLM(BertForMaskedLM):
+    """BERT whose positions count back from the input's last column: a real token's position moves with the padding
+    after it, while what fills that padding changes nothing (a family installed beside transformers' own)."""
+
+    config_class = FromEndConfig
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        length = input_ids.shape[1]
+        positions = torch.arange(length - 1, -1, -1, device=input_ids.device).expand_as(input_ids)
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, **kwargs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_body_whose_positions_count_from_the_end_gives_each_document_its_own_vectors(dtype, tmp_path):
+    """The padding's length alone moves its states; in a 16-bit dtype that is looked for in float32 (two widths'
+    rounding differs by more than some bodies change) and the body is left in its dtype after."""
+    AutoConfig.register(FromEndConfig.model_type, FromEndConfig, exist_ok=True)
+    AutoModelForMaskedLM.register(FromEndConfig, FromEndForMaskedLM, exist_ok=True)
+    tokenizer = tokenizer_for("bert")
+    torch.manual_seed(0)
+    mlm = FromEndForMaskedLM(FromEndConfig(**{**SIZES, "vocab_size": len(tokenizer)})).eval()
+    with torch.no_grad():
+        for p in mlm.parameters():
+            p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.2))
+    mlm.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    model = load_model(str(tmp_path), dtype=dtype)
+    assert model.unpadded
+    assert {p.dtype for p in model.body.parameters()} == {dtype}
+    texts = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the older adults in a trial"]
+    got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(texts, max_length=24).double()
+    alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in texts])
+    assert ((got - alone).norm() / alone.norm()).item() < (1e-5 if dtype == torch.float32 else 2e-2)
 
 
 @pytest.mark.parametrize("kind", ["bert", "electra"])
