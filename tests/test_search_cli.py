@@ -97,6 +97,24 @@ def test_queries_cut_at_the_index_query_length_are_reported(splade_tiny, judged_
 
 
 @pytest.mark.lucene
+def test_a_huge_query_is_cut_at_the_character_bound_before_tokenizing(splade_tiny, tmp_path):
+    """A query line of megabytes (a pasted document) was tokenized whole: ~230 bytes of memory per character, though
+    only query_max_length tokens are kept. It is cut to query_max_length × 100 characters first, as documents are,
+    the note says so, and its hits are those of the cut text."""
+    from lsr_index.search import search
+
+    docs = random_docs(query_terms(splade_tiny, 50), docs=40, per_doc=10, max_impact=60, seed=7)
+    index = build(write_vectors(tmp_path / "vectors", splade_tiny, docs, query_max_length=12), tmp_path / "index")
+    words = " ".join(query_terms(splade_tiny, 50))
+    huge = (words + " ") * (20_000 // len(words) + 1)
+    said: list[str] = []
+    whole = search(index, [("big", huge), ("small", "sleep memory")], hits=10, notice=said.append)
+    cut = search(index, [("big", huge[:1200]), ("small", "sleep memory")], hits=10)
+    assert whole == cut and whole["big"]
+    assert len(said) == 1 and said[0].endswith("; 1 cut at the character bound (1,200) first"), said
+
+
+@pytest.mark.lucene
 @pytest.mark.parametrize("target", ["queries", "qrels"])
 def test_a_run_path_naming_an_input_is_refused_before_the_search(judged_index, tmp_path, target):
     """`-o queries.tsv` replaced the queries with the run; `--run qrels --qrels qrels` the judgments."""
