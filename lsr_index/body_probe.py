@@ -83,14 +83,14 @@ def _differ(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
 
 @contextlib.contextmanager
 def _in_float32(body: torch.nn.Module) -> Iterator[None]:
-    """The body's floating tensors in float32 for a while, each put back in its own dtype after (bf16 and fp16
-    values return exactly; a float32 buffer of a bf16 body stays float32)."""
+    """The body's floating tensors in float32 for a while, then their own storage again: the same values, and a
+    weight shared with the head (a decoder tied to the embeddings) still shared, not copied."""
     tensors = [t for t in (*body.parameters(), *body.buffers()) if t.is_floating_point() and t.dtype != torch.float32]
-    kept = [t.dtype for t in tensors]
+    kept = [t.data for t in tensors]
     try:
         for t in tensors:
             t.data = t.data.float()
         yield
     finally:
-        for t, dtype in zip(tensors, kept, strict=True):
-            t.data = t.data.to(dtype)
+        for t, data in zip(tensors, kept, strict=True):
+            t.data = data

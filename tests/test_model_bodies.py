@@ -103,7 +103,8 @@ class FromEndForMaskedLM(BertForMaskedLM):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_body_whose_positions_count_from_the_end_gives_each_document_its_own_vectors(dtype, tmp_path):
     """The padding's length alone moves its states; in a 16-bit dtype that is looked for in float32 (two widths'
-    rounding differs by more than some bodies change) and the body is left in its dtype after."""
+    rounding differs by more than some bodies change) and the body is left as it was after, in its dtype and
+    sharing the tied decoder's storage."""
     AutoConfig.register(FromEndConfig.model_type, FromEndConfig, exist_ok=True)
     AutoModelForMaskedLM.register(FromEndConfig, FromEndForMaskedLM, exist_ok=True)
     tokenizer = tokenizer_for("bert")
@@ -117,6 +118,8 @@ def test_a_body_whose_positions_count_from_the_end_gives_each_document_its_own_v
     model = load_model(str(tmp_path), dtype=dtype)
     assert model.unpadded
     assert {p.dtype for p in model.body.parameters()} == {dtype}
+    # the decoder tied to the embeddings still shares their storage: converting back had copied V × H
+    assert model.weight.data_ptr() == model.body.get_input_embeddings().weight.data_ptr()
     texts = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the older adults in a trial"]
     got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(texts, max_length=24).double()
     alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in texts])
