@@ -48,17 +48,24 @@ def save_family(kind: str, root):
     return root / kind, mlm, tokenizer
 
 
+MIXED_LENGTHS = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the older adults in a trial"]
+
+
+def assert_batched_by_length(model, mlm, tokenizer, err: str) -> None:
+    """The model was found to need batches of one length, said so, and gives each document its own vectors."""
+    assert model.unpadded
+    assert "padding changes its tokens' states" in err
+    got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(MIXED_LENGTHS, max_length=24)
+    alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in MIXED_LENGTHS])
+    torch.testing.assert_close(got.double(), alone, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("kind", ["convbert", "funnel", "fnet", "yoso"])
 def test_a_body_that_mixes_padding_in_gives_each_document_its_own_vectors(kind, tmp_path, capsys):
     """Batched with padding, these families' vectors differed from the document's own by up to 0.12."""
     path, mlm, tokenizer = save_family(kind, tmp_path)
     model = load_model(str(path))
-    assert model.unpadded
-    assert "padding changes its tokens' states" in capsys.readouterr().err
-    texts = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the older adults in a trial"]
-    got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(texts, max_length=24)
-    alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in texts])
-    torch.testing.assert_close(got.double(), alone, rtol=1e-4, atol=1e-4)
+    assert_batched_by_length(model, mlm, tokenizer, capsys.readouterr().err)
 
 
 def test_a_body_that_counts_the_padding_gives_each_document_its_own_vectors(tmp_path, capsys):
@@ -76,12 +83,7 @@ def test_a_body_that_counts_the_padding_gives_each_document_its_own_vectors(tmp_
     torch.testing.assert_close(beside(0, 7), beside(30, 7), rtol=0, atol=0)
     assert (beside(0, 7) - alone).abs().max() > 0.05 * alone.abs().max()
     model = load_model(str(path))
-    assert model.unpadded
-    assert "padding changes its tokens' states" in capsys.readouterr().err
-    texts = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the older adults in a trial"]
-    got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(texts, max_length=24)
-    alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in texts])
-    torch.testing.assert_close(got.double(), alone, rtol=1e-4, atol=1e-4)
+    assert_batched_by_length(model, mlm, tokenizer, capsys.readouterr().err)
 
 
 class FromEndConfig(BertConfig):
@@ -120,9 +122,8 @@ def test_a_body_whose_positions_count_from_the_end_gives_each_document_its_own_v
     assert {p.dtype for p in model.body.parameters()} == {dtype}
     # the decoder tied to the embeddings still shares their storage: converting back had copied V × H
     assert model.weight.data_ptr() == model.body.get_input_embeddings().weight.data_ptr()
-    texts = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the older adults in a trial"]
-    got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(texts, max_length=24).double()
-    alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in texts])
+    got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(MIXED_LENGTHS, max_length=24).double()
+    alone = torch.cat([reference_weights(mlm, tokenizer, [t], 24) for t in MIXED_LENGTHS])
     assert ((got - alone).norm() / alone.norm()).item() < (1e-5 if dtype == torch.float32 else 2e-2)
 
 
@@ -178,7 +179,7 @@ def test_on_cuda_the_probe_tells_the_same_bodies_apart(kind, dtype, mixes, tmp_p
         save_family(kind, tmp_path)
     model = load_model(str(path), device="cuda", dtype=dtype)
     assert not model.packed and model.unpadded == mixes
-    texts = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the older adults in a trial"] * 3
+    texts = MIXED_LENGTHS * 3
     got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(texts, max_length=24).cpu().double()
     alone = torch.cat([reference_weights(mlm.double(), tokenizer, [t], 24) for t in texts])
     rel = ((got - alone).norm() / alone.norm()).item()
