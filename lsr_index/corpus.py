@@ -24,13 +24,14 @@ import pyarrow.parquet as pq
 
 from lsr_index.decompress import CORRUPT, open_decompressed
 from lsr_index.errors import InputError, LsrIndexError
-from lsr_index.ids import MAX_ID_BYTES, check_id
+from lsr_index.ids import MAX_ID_BYTES, RepeatedField, check_id
 from lsr_index.sources import compression, describe, file_format, resolve
 
 SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
 
 _ID_KEYS = ("id", "_id", "docid")
 _TITLE_TEXT = ("title", "text")
+_TEXT_KEYS = ("title", "text", "contents")
 _ID_HINT = (
     f"an id becomes a column of whitespace-separated run and qrels files and a Lucene term: "
     f"no whitespace, no control characters, at most {MAX_ID_BYTES:,} UTF-8 bytes"
@@ -74,6 +75,12 @@ class Fields:
             object.__setattr__(self, "text", (self.text,))
         if self.id == "" or (self.text is not None and (not self.text or not all(self.text))):
             raise FieldsError(f"field names must be non-empty, got id={self.id!r} text={self.text!r}")
+        if self.text is not None and len(set(self.text)) < len(self.text):  # a typo that would double the text
+            raise FieldsError(f"a text field is named twice: {self.text!r}")
+
+    def names(self) -> tuple[str, ...]:
+        """Every field name the id or the text may be read from."""
+        return ((self.id,) if self.id is not None else _ID_KEYS) + (self.text or _TEXT_KEYS)
 
 
 @dataclass(frozen=True)
@@ -201,7 +208,7 @@ class CorpusReader:
         fmt = file_format(path)
         try:
             if fmt == "JSONL":
-                yield from _jsonl_records(path)
+                yield from _jsonl_records(path, RepeatedField(self.fields.names()))
             else:
                 yield from _table_records(path, fmt, self.fields, self.batch_size)
         except (OSError, EOFError, UnicodeDecodeError, pa.ArrowException) as e:
@@ -274,24 +281,35 @@ def string_array(values: Sequence[str]) -> pa.Array:
                                                             pa.py_buffer(data)])
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[int, Any]]:
+def _jsonl_records(path: Path, repeated: RepeatedField) -> Iterator[tuple[int, Any]]:
+    """(line, record) pairs; ``repeated`` finds an object naming a field it reads twice (which value is meant?)."""
     line_no = 0
     suffix = compression(path)
     with open_decompressed(path, suffix) if suffix else open(path, "rb") as f:
         try:
             while line := f.readline(_MAX_LINE_BYTES):
                 line_no += 1
+                # Before parsing: the first _MAX_LINE_BYTES of a longer line may be valid JSON on their own
+                # (an object, then spaces), and the rest would be read as another line.
+                if len(line) == _MAX_LINE_BYTES and not line.endswith(b"\n") and (rest := f.readline(1)):
+                    while rest and not rest.endswith(b"\n"):
+                        rest = f.readline(_MAX_LINE_BYTES)
+                    yield line_no, _Bad(f"line longer than {_MAX_LINE_BYTES} bytes")
+                    continue
                 if line_no == 1 and line.startswith(codecs.BOM_UTF8):
                     line = line[3:]
                 try:
-                    yield line_no, orjson.loads(line)
+                    record = orjson.loads(line)
                 except orjson.JSONDecodeError as e:
-                    if not line.endswith(b"\n") and len(line) == _MAX_LINE_BYTES:
-                        while (rest := f.readline(_MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
-                            pass
-                        yield line_no, _Bad(f"line longer than {_MAX_LINE_BYTES} bytes")
-                    elif line.strip():  # blank lines separate nothing and are not records
+                    if line.strip():  # blank lines separate nothing and are not records
                         yield line_no, _json_problem(line, e)
+                    continue
+                twice = type(record) is dict and repeated(line, record)
+                if twice:
+                    yield line_no, _Bad(f"field {twice!r} appears more than once in the object",
+                                        hint="which value is meant? keep one")
+                else:
+                    yield line_no, record
         except CORRUPT as e:
             if not suffix:
                 raise

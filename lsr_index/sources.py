@@ -52,18 +52,20 @@ def resolve(sources: list[str | os.PathLike[str]], exclude: Path | None = None) 
     output directory, resolved; a directory entry holding it and what a pattern matches inside it are left out."""
     files: list[Path] = []
     passed_over: list[Path] = []
-    seen: set[Path] = set()
+    seen: dict[tuple[int, int], Path] = {}
     for source in sources:
         try:
             expanded = _expand(source, passed_over, exclude)
+            for path in expanded:
+                # The file itself, not its name: a symbolic or hard link, or a bind mount, names it again.
+                st = path.stat()
+                first = seen.setdefault((st.st_dev, st.st_ino), path)
+                if first is not path:
+                    also = "" if os.path.normpath(first) == os.path.normpath(path) else f" (also as {first})"
+                    raise InputError(path, None, f"this file is listed twice{also}", "each shard must be read once")
+                files.append(path)
         except OSError as e:  # a race with the file system, past the checks that name the entry
             raise InputError(source, None, f"cannot list: {describe(e)}") from e
-        for path in expanded:
-            real = path.resolve()
-            if real in seen:
-                raise InputError(path, None, "this file is listed twice", "each shard must be read once")
-            seen.add(real)
-            files.append(path)
     return files, passed_over
 
 

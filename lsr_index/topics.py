@@ -8,37 +8,39 @@ files need: their columns are split on any whitespace.
 
 from __future__ import annotations
 
-import gzip
 import re
-import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 
+from lsr_index.decompress import CORRUPT, missing_module, open_decompressed
 from lsr_index.errors import InputError
-from lsr_index.ids import check_id
+from lsr_index.ids import RepeatedField, check_id
+from lsr_index.sources import compression
 
 _QID_KEYS = ("_id", "id", "qid")
 _QUERY_TEXT_KEYS = ("text", "query")
 _QRELS_HEADER = ("query-id", "corpus-id", "score")  # BEIR's qrels/*.tsv
 _QUERIES_HEADER_IDS = ("qid", "query-id", "query_id", "_id", "id")  # a TSV's first line that names its columns
 _QUERIES_HEADER_TEXTS = ("text", "query", "query-text", "query_text")
+_REPEATED = RepeatedField(_QID_KEYS + _QUERY_TEXT_KEYS)
 _INTEGER = re.compile(r"-?[0-9]+")
 MAX_RELEVANCE = 1000  # trec_eval sizes its gain tables by the largest grade: 8 bytes per level, 0.8 GB at 10⁸
 
 
 def read_queries(path: str | Path, notice: Callable[[str], None] | None = None) -> list[tuple[str, str]]:
     """(qid, text) pairs in file order, from a TSV "qid<TAB>text" file or from JSON Lines
-    (.jsonl/.json, optionally .gz) with "_id"/"id"/"qid" and "text"/"query" like BEIR's queries.jsonl.
+    (.jsonl/.json) with "_id"/"id"/"qid" and "text"/"query" like BEIR's queries.jsonl; either may be compressed
+    (.gz/.bz2/.xz/.zst).
 
     A TSV whose first line names its columns ("qid<TAB>text", "query-id<TAB>text", "_id<TAB>query" …) has that
     line skipped, and `notice` is told: searched, it would be a query named "qid". Query ids must pass
     `ids.check_id`.
     """
     path = Path(path)
-    as_json = path.name.lower().removesuffix(".gz").endswith((".jsonl", ".json"))
+    as_json = path.name.lower().removesuffix(compression(path) or "").endswith((".jsonl", ".json"))
     queries: list[tuple[str, str]] = []
     first_seen: dict[str, int] = {}
     for record, (line_no, line) in enumerate(text_lines(path)):
@@ -67,7 +69,8 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
 
     Columns are whitespace-separated and their count is fixed by the first line. A first line
     "query-id corpus-id score" (BEIR's header) is skipped. A pair judged twice with the same relevance
-    is accepted; conflicting relevances fail.
+    is accepted; conflicting relevances fail. Ids must pass `ids.check_id`: one that no query or document
+    can have (a control character, over Lucene's length) would be judged but never retrieved, and score 0.
     """
     path = Path(path)
     qrels: dict[str, dict[str, int]] = {}
@@ -81,6 +84,9 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
             raise InputError(path, line_no, f"{len(columns)} columns, expected {expected}")
         n_columns = len(columns)
         qid, docid, rel = columns[0], columns[-2], columns[-1]
+        for kind, value in (("query", qid), ("document", docid)):
+            if problem := check_id(value):
+                raise InputError(path, line_no, f"{kind} {problem}", "no query or document can have this id")
         if not _INTEGER.fullmatch(rel):
             raise InputError(path, line_no, f"relevance {rel!r} is not an integer")
         if abs(int(rel)) > MAX_RELEVANCE:
@@ -99,9 +105,16 @@ def _is_header(qid: str, text: str) -> bool:
 
 
 def text_lines(path: Path) -> Iterator[tuple[int, str]]:
-    """Non-blank lines without their line break, decoded strictly as UTF-8 (a leading BOM is dropped)."""
+    """Non-blank lines without their line break, decoded strictly as UTF-8 (a leading BOM is dropped; one at the
+    start of a later line, where two files were joined, is refused: it would become part of an id), from a plain
+    or a .gz/.bz2/.xz/.zst file."""
+    suffix = compression(path)
+    module = missing_module(suffix) if suffix else None
+    if module:
+        raise InputError(path, None, f"reading {suffix} files needs the {module} module", f"pip install {module}")
+    line_no = 0
     try:
-        with (gzip.open if path.name.lower().endswith(".gz") else open)(path, "rb") as f:
+        with open_decompressed(path, suffix) if suffix else open(path, "rb") as f:
             for line_no, raw in enumerate(f, 1):
                 try:
                     line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8").rstrip("\r\n")
@@ -112,10 +125,16 @@ def text_lines(path: Path) -> Iterator[tuple[int, str]]:
                         f"invalid UTF-8 at byte {e.start + 1}",
                         "the file must be UTF-8 encoded",
                     ) from e
+                if line.startswith("\ufeff"):
+                    raise InputError(path, line_no, "a byte-order mark (U+FEFF) starts the line",
+                                     "files joined together? remove it: it would become part of the id")
                 if line.strip():
                     yield line_no, line
-    except (OSError, EOFError, zlib.error) as e:
-        raise InputError(path, None, f"cannot read: {getattr(e, 'strerror', None) or e}") from e
+    except CORRUPT as e:
+        reason = getattr(e, "strerror", None)  # set for the system's errors, not for the data's
+        if suffix and not reason:
+            reason = f"compressed data is truncated or corrupt after line {line_no} ({e})"
+        raise InputError(path, None, f"cannot read: {reason or e}") from e
 
 
 def _tsv_query(path: Path, line_no: int, line: str) -> tuple[str, str]:
@@ -135,6 +154,10 @@ def _json_query(path: Path, line_no: int, line: str) -> tuple[str, str]:
         raise InputError(path, line_no, f"malformed JSON: {e.msg} at column {e.colno}") from e
     if not isinstance(record, dict):
         raise InputError(path, line_no, "expected a JSON object")
+    twice = _REPEATED(line.encode(), record)
+    if twice:
+        raise InputError(path, line_no, f"field {twice!r} appears more than once in the object",
+                         "which value is meant? keep one")
     return (
         _json_field(path, line_no, record, _QID_KEYS, (str, int)),
         _json_field(path, line_no, record, _QUERY_TEXT_KEYS, (str,)),
