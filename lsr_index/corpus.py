@@ -304,7 +304,8 @@ def _jsonl_records(path: Path, repeated: RepeatedField) -> Iterator[tuple[int, A
                     if line.strip():  # blank lines separate nothing and are not records
                         yield line_no, _json_problem(line, e)
                     continue
-                twice = type(record) is dict and repeated(line, record)
+                # RepeatedField's first test, here too: a call per line costs the reader's loop 0.4 µs
+                twice = type(record) is dict and line.count(b":") > len(record) and repeated(line, record)
                 if twice:
                     yield line_no, _Bad(f"field {twice!r} appears more than once in the object",
                                         hint="which value is meant? keep one")

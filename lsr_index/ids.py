@@ -41,8 +41,9 @@ class RepeatedField:
     """Finds a JSON object that names one of ``keys`` (an id or text field) more than once.
 
     JSON parsers keep the last of repeated names without a word, so ``{"id": "a", "id": "b"}`` would silently
-    be document "b": which one was meant cannot be known. A count of the quoted name in the line finds
-    candidates (about 0.5 µs a key for a 1 kB line); only those lines are parsed again, for the names of the
+    be document "b": which one was meant cannot be known. A line with no more ':' than its object has names holds
+    no repeat (0.2 µs for a 350-byte line, where the reader's whole work is ~13 µs); else a count of each quoted
+    name finds candidates (~0.5 µs a name for 1 kB), and only those lines are parsed again, for the names of the
     outermost object.
     """
 
@@ -51,6 +52,8 @@ class RepeatedField:
 
     def __call__(self, line: bytes, record: dict[str, object]) -> str | None:
         """The first key named twice in ``record``, the object parsed from ``line`` (valid JSON), if any."""
+        if line.count(b":") <= len(record):  # each name, nested ones too, is followed by a ':': a repeat needs more
+            return None
         candidates = [key for key, quoted in self._quoted if key in record and line.count(quoted) > 1]
         if not candidates:
             return None
