@@ -21,10 +21,14 @@ import itertools
 import os
 import re
 import shutil
+import signal
+import socket
 import sys
+import threading
 import time
 import uuid
 from collections import defaultdict, deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,7 @@ INSTALL = "pip install 'lsr-index[ray]'"
 QUEUED_PER_ACTOR = 2  # one encoding, one whose documents are already on their way
 READ_AHEAD = 4  # shards read and cut ahead of dispatch (the driver's memory: ~(2·actors + 4) shards of text)
 MAX_LOSSES = 3  # actors a shard may take down before it is blamed (a document that exhausts memory)
+CONNECT_SECONDS = 10  # how long the cluster's address may take to answer before the run gives up on it
 _ADDRESS = re.compile(r"^(auto|local|ray://\S+|[\w.\-]+:\d+|\[[0-9a-fA-F:]+\]:\d+)$")
 
 
@@ -53,6 +58,75 @@ def check_address(address: str) -> str | None:
         raise LsrIndexError(f"--ray {address!r}: not a Ray address (auto, local, ray://host:port or host:port); "
                             "an input path? Put --ray after the inputs, or write --ray=ADDRESS")
     return address
+
+
+def _reachable(ray: Any, address: str | None) -> None:
+    """Refuse at once an address where nothing listens: ray.init retried it for minutes (20 tries of ~35 s), printing
+    Ray's connection warnings. A TCP connect to the cluster's GCS port, the address ray.init would use."""
+    from ray._private.services import canonicalize_bootstrap_address, parse_address
+
+    if address and address.startswith("ray://"):
+        return  # Ray Client: its own protocol and timeouts
+    try:
+        bootstrap = canonicalize_bootstrap_address(address)  # RAY_ADDRESS, `auto`, or the one `ray start` left
+    except (ConnectionError, ValueError) as exc:
+        raise LsrIndexError(f"--ray {address or '(local)'}: cannot connect to the Ray cluster: {exc}") from None
+    if bootstrap is None:
+        return  # a new local cluster
+    host, port = parse_address(bootstrap)
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_SECONDS).close()
+    except OSError as exc:
+        why = exc.strerror or str(exc) or "timed out"
+        raise LsrIndexError(f"--ray {address or '(local)'}: cannot connect to the Ray cluster at {bootstrap}: {why}; "
+                            "is the cluster running (`ray status`)?") from None
+
+
+@contextlib.contextmanager
+def _signals_held(ray: Any) -> Iterator[list[int]]:
+    """Ctrl-C and SIGTERM wait for the block's end, then reach the caller's handlers (a second one acts at once).
+
+    ray.init and ray.shutdown start and stop a local cluster's processes: interrupted inside them, they left its
+    agents running a minute after the driver had ended. ray.init also puts its own SIGTERM handler in place of the
+    caller's for good (sys.exit(15): exit status 15, no word of how to resume); it is kept out. The block sees the
+    signals caught so far (to undo what it started before they act)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield []
+        return
+    caught: list[int] = []
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def restore() -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def deliver(signum: int) -> None:
+        handler = previous[signum]
+        if callable(handler):
+            handler(signum, None)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)
+
+    def hold(signum: int, frame: Any) -> None:
+        caught.append(signum)
+        if len(caught) > 1:  # insisted
+            restore()
+            deliver(signum)
+
+    for signum in previous:
+        signal.signal(signum, hold)
+    utils = getattr(getattr(ray, "_private", None), "utils", None)
+    ray_sets = getattr(utils, "set_sigterm_handler", None)
+    if ray_sets:
+        utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield caught
+    finally:
+        if ray_sets:
+            utils.set_sigterm_handler = ray_sets
+        restore()  # also over the handler Ray's C++ core installs for SIGTERM (it prints a stack dump)
+        if len(caught) == 1:
+            deliver(caught[0])
 
 
 class EncoderActor:
@@ -132,11 +206,16 @@ class RayCluster:
         import logging
 
         self.ray = ray
-        try:
-            ray.init(address=check_address(address), include_dashboard=False, log_to_driver=False,
-                     logging_level=logging.ERROR)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            raise LsrIndexError(f"--ray {address or '(local)'}: cannot connect to the Ray cluster: {exc}") from None
+        checked = check_address(address)
+        _reachable(ray, checked)
+        with _signals_held(ray) as caught:
+            try:
+                ray.init(address=checked, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+            except (ConnectionError, ValueError, RuntimeError) as exc:
+                raise LsrIndexError(f"--ray {address or '(local)'}: cannot connect to the Ray cluster: {exc}") \
+                    from None
+            if caught:  # stop what ray.init started before the signal ends the run
+                ray.shutdown()
         self.plan: list[tuple[str, str, int, dict]] = []  # (node id, device, threads, resources per actor)
         self.names: dict[str, str] = {}  # node id → how messages name it
         nodes = [n for n in ray.nodes() if n["Alive"]]
@@ -153,7 +232,7 @@ class RayCluster:
                     share = min(cpus, cpus_per_actor)
                     self.plan.append((node["NodeID"], "cpu", share, {"num_cpus": share}))
         if not self.plan:
-            ray.shutdown()
+            self.shutdown()
             raise LsrIndexError(f"--ray {address or '(local)'}: the cluster has no GPU and no CPU to encode on")
         self.devices = ("cuda",) if gpus else ("cpu",)
 
@@ -164,12 +243,17 @@ class RayCluster:
             with planned(job, out.resolve()) as plan:
                 return _Run(self, job, out.resolve(), plan).go()
         finally:
-            self.ray.shutdown()  # ends this job's actors; stops the cluster only if ray.init started it
+            self.shutdown()
+
+    def shutdown(self) -> None:
+        """End this job's actors; stop the cluster if ray.init started it (Ctrl-C and SIGTERM wait for the end)."""
+        with _signals_held(self.ray):
+            self.ray.shutdown()
 
 
 class _Run:
     def __init__(self, cluster: RayCluster, job: EncodeJob, out: Path, plan: Plan):
-        self.ray, self.job, self.out, self.plan = cluster.ray, job, out, plan
+        self.cluster, self.ray, self.job, self.out, self.plan = cluster, cluster.ray, job, out, plan
         self.done = plan.assignment().done
         # a shard checkpointed by a one-machine run is encoded whole again here: only published shards are resumed
         self.resumed_at = plan.manifest.docs
@@ -232,6 +316,9 @@ class _Run:
             for attempt in self.inflight.values():
                 self._retire(attempt)
         seconds = time.perf_counter() - t0
+        # every shard is published: the cluster is let go before the manifest says complete, so that a signal while
+        # a local cluster stops (seconds) finds a run that a rerun completes, not one it refuses as complete
+        self.cluster.shutdown()
         skipped = skipped_records(reader)
         results = [WorkerResult(total_docs=reader.n_docs, tokens=e.tokens, skipped=skipped, worker=i,
                                 device=f"{e.device} on {e.name}", docs=e.docs,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from cli_runner import run_cli
-from procs import children
+from procs import children, stat
 
 from lsr_index.writers import read_shard
 
@@ -186,6 +186,85 @@ def test_a_killed_driver_resumes(cluster, long_corpus, killed_driver, rerun_on):
     assert again.returncode == 0, again.stderr
     stats = _same_output(out, reference)
     assert stats["resumed_at"] >= 5 and stats["docs_this_run"] == 160 - stats["resumed_at"]
+
+
+def test_an_address_where_nothing_listens_is_one_line(corpus, tmp_path):
+    """A cluster address where nothing listens: one line at once. ray.init retried it for minutes (20 tries of ~35 s),
+    printing Ray's connection warnings; the timeout only bounds a hang."""
+    pytest.importorskip("ray")
+    import socket
+
+    with socket.socket() as probe:  # a port that was free a moment ago: nothing listens there
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    done = subprocess.run(lsr(str(corpus), "-o", str(tmp_path / "v"), "--ray", f"127.0.0.1:{port}"),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr == f"error: --ray 127.0.0.1:{port}: cannot connect to the Ray cluster at 127.0.0.1:{port}: " \
+                          "Connection refused; is the cluster running (`ray status`)?\n"
+    assert not (tmp_path / "v").exists()
+
+
+def _group(pgid: int) -> list[int]:
+    """Pids of the live processes of a process group."""
+    return [int(e.name) for e in Path("/proc").iterdir()
+            if e.name.isdigit() and (fields := stat(int(e.name))) and fields[0] not in "ZX" and int(fields[2]) == pgid]
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_new_local_cluster_starts_leaves_nothing(corpus, tmp_path):
+    """SIGTERM while ray.init starts the local cluster (its raylet is up, its agents starting): exit 143 with the
+    resume line, and none of the cluster's processes left. Ray's handler made it exit 15 without a word, and left the
+    node's agents running a minute after the driver had ended."""
+    pytest.importorskip("ray")
+    proc = subprocess.Popen(lsr(str(corpus), "-o", str(tmp_path / "v"), *SETTINGS, "--ray", "local", "--ray-cpus",
+                                "1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and proc.poll() is None and not children(proc.pid, b"raylet"):
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run ended before its cluster started"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+        deadline = time.time() + 30  # the cluster's processes keep the driver's process group
+        while time.time() < deadline and _group(proc.pid):
+            time.sleep(0.1)
+        left = _group(proc.pid)
+    finally:
+        proc.kill()
+        for pid in _group(proc.pid):
+            os.kill(pid, signal.SIGKILL)
+    assert (proc.returncode, err) == (143, "terminated: rerun the same command to continue where it stopped\n")
+    assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in left]
+
+
+@pytest.mark.slow
+def test_sigterm_on_a_cluster_saves_ends_its_encoders_and_resumes(cluster, long_corpus, tmp_path):
+    """SIGTERM of a driver connected to a running cluster, mid-encode: exit 143 with the resume line (ray.init's own
+    SIGTERM handler made it exit 15, under a stack dump of Ray's C++ core), the cluster's nodes live on, this job's
+    encoders end, and the rerun resumes to one machine's output."""
+    corpus, reference = long_corpus
+    out = tmp_path / "v"
+    proc = _run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"))
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None and _shards(out) < 1:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert (proc.returncode, err) == (143, "terminated: rerun the same command to continue where it stopped\n")
+    assert all(node.all_processes["raylet"][0].process.poll() is None
+               for node in [cluster.head_node, *cluster.worker_nodes])
+    deadline = time.time() + 60
+    while time.time() < deadline and any(_encoders(node) for node in cluster.worker_nodes):
+        time.sleep(0.1)
+    assert not any(_encoders(node) for node in cluster.worker_nodes), "this job's encoders outlived it"
+    again = subprocess.run(lsr(str(corpus), "-o", str(out), *SETTINGS, "--ray", cluster.address, "--ray-cpus", "1"),
+                           capture_output=True, text=True, timeout=480)
+    assert again.returncode == 0, again.stderr
+    assert _same_output(out, reference)["resumed_at"] >= 5
 
 
 @pytest.mark.slow
