@@ -222,7 +222,9 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
             quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
             backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"]))
     manifest = cluster.encode(job, out) if cluster else encode_corpus(job, out, devices)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # complete: nothing to resume, nothing to say
+    # complete: nothing to resume, nothing to say (a KeyboardInterrupt in the exit's handlers printed a traceback)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
     _report_encoding(manifest, out, value("doc_max_length"), time.perf_counter() - ctx.obj["started"])
     if manifest.skipped:
         click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.jsonl'}", err=True)

@@ -19,9 +19,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
     """Like subprocess.run([lsr-index, *args], capture_output=True, text=True). An exception the CLI does not turn
     into its one-line error propagates (a real process would print a traceback), so no test can mistake it for a
     clean refusal."""
-    handler = signal.getsignal(signal.SIGTERM)  # `search` installs its own
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}  # commands set their own
     try:
         result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     finally:
-        signal.signal(signal.SIGTERM, handler)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     return subprocess.CompletedProcess(["lsr-index", *args], result.exit_code, result.stdout, result.stderr)
