@@ -60,11 +60,14 @@ def check_address(address: str) -> str | None:
     return address
 
 
-def _reachable(ray: Any, address: str | None) -> None:
+def _reachable(address: str | None) -> None:
     """Refuse at once an address where nothing listens: ray.init retried it for minutes (20 tries of ~35 s), printing
-    Ray's connection warnings. A TCP connect to the cluster's GCS port, the address ray.init would use."""
-    from ray._private.services import canonicalize_bootstrap_address, parse_address
-
+    Ray's connection warnings. A TCP connect to the cluster's GCS port, the address ray.init would use (found with
+    Ray's private helpers: a Ray without them skips this check, not the run)."""
+    try:
+        from ray._private.services import canonicalize_bootstrap_address, parse_address
+    except ImportError:
+        return
     if address and address.startswith("ray://"):
         return  # Ray Client: its own protocol and timeouts
     try:
@@ -207,7 +210,7 @@ class RayCluster:
 
         self.ray = ray
         checked = check_address(address)
-        _reachable(ray, checked)
+        _reachable(checked)
         with _signals_held(ray) as caught:
             try:
                 ray.init(address=checked, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
