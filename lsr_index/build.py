@@ -28,14 +28,15 @@ from .errors import LsrIndexError
 from .impact_writer import MERGE, heap_mb, split
 from .lucene import INDEX_MANIFEST, anserini_jar, check_index, count_docs, java_home
 from .manifest import MANIFEST, Manifest
-from .progress import bar
+from .progress import bar, note
 from .writers import json_vector_line, read_shard, verify_shards
 
 BUILDERS = ("direct", "anserini")
 # Each writer has fixed costs (a JVM start, a final flush, its sub-index copied in) that a small share does not
 # repay: in benchmarks/bench_build.py on 2 cores, 12k documents (3M postings) built in 3.36 s on two writers
 # against 2.46 s on one, 200k (49M) 1.57x faster on two. By default a writer is added per this many postings,
-# a point between those two; an explicit --threads is taken as given.
+# a point between those two. Each writer is a JVM busy on one core, so none beyond the cores available (an
+# explicit --threads 200 started 200 JVMs of ~100 MB each).
 _MIN_POSTINGS_PER_WRITER = 7_500_000
 
 
@@ -375,7 +376,10 @@ class _Writers:
 
 def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int | None,
                   heap: str, progress: bool) -> int:
-    count = threads or max(1, min(available_cores(), manifest.nonzeros // _MIN_POSTINGS_PER_WRITER))
+    cores = available_cores()
+    if threads and threads > cores:
+        note(f"--threads {threads}: {cores} core(s) available, so {cores} writer process(es)", progress)
+    count = min(threads, cores) if threads else max(1, min(cores, manifest.nonzeros // _MIN_POSTINGS_PER_WRITER))
     plans = split(vectors, manifest.shards, count) or [[]]
     # writer 0 writes the index itself, then adds the others' sub-indexes to it
     subs = [built, *(work / f"part-{k}" for k in range(1, len(plans)))]

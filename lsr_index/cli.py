@@ -265,8 +265,9 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
               help="Vectors directory from `encode` [default: WORKDIR/vectors].")
 @click.option("--index", "-o", type=click.Path(file_okay=False, path_type=Path),
               help="Index directory to create [default: WORKDIR/index].")
-@click.option("--threads", type=click.IntRange(1), help="Indexing processes (direct) or threads (anserini). "
-              "[default: direct: one per 7.5M postings, up to the cores available; anserini: the cores available]")
+@click.option("--threads", type=click.IntRange(1), help="Indexing processes (direct; at most the cores available) or "
+              "threads (anserini). [default: direct: one per 7.5M postings, up to the cores available; anserini: the "
+              "cores available]")
 @click.option("--builder", type=click.Choice(["direct", "anserini"]), default="direct",
               help="direct: impact postings written as term frequencies; anserini: Anserini's IndexCollection "
                    "(each term repeated `impact` times).")

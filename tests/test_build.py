@@ -108,6 +108,15 @@ def test_every_term_is_indexed_with_its_impact(tmp_path, fmt):
     assert ranked["q12"] == [("largest", float(np.float32(INT32_MAX))), ("mixed", 5.0)]
 
 
+def test_no_more_writer_processes_than_cores(tmp_path, monkeypatch):
+    """Each writer is a JVM: --threads above the cores available starts one per core (it started one per document
+    range, up to one per document), and the index holds every document."""
+    monkeypatch.setattr(build, "available_cores", lambda: 2)
+    write_vectors(tmp_path / "vectors", VOCAB, DOCS, "jsonl")
+    info = build.build_index(tmp_path / "vectors", tmp_path / "index", threads=len(DOCS), progress=False)
+    assert (info["writers"], info["threads"], info["documents"]) == (2, len(DOCS), len(DOCS))
+
+
 def test_free_delimiter_avoids_every_character_the_terms_use():
     assert free_delimiter(["plain", "a|b"]) == "\x02"
     spares = "\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10|^~"
