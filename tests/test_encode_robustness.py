@@ -605,26 +605,28 @@ def test_a_closed_prefetch_stops_reading_and_its_thread_ends():
 
     from lsr_index.encode_shard import Prefetch
 
+    def ends(name: str) -> bool:
+        """Its own thread, by name: other tests' threads in this process may start or end meanwhile."""
+        deadline = time.time() + 10
+        while any(t.name == name for t in threading.enumerate()) and time.time() < deadline:
+            time.sleep(0.01)
+        return not any(t.name == name for t in threading.enumerate())
+
     read = []
-    before = threading.active_count()
-    stream = Prefetch((read.append(i) or i for i in itertools.count()), depth=2)
+    stream = Prefetch((read.append(i) or i for i in itertools.count()), depth=2, name="test-prefetch-endless")
     assert [next(stream), next(stream)] == [0, 1]
     stream.close()
-    deadline = time.time() + 10
-    while threading.active_count() > before and time.time() < deadline:
-        time.sleep(0.01)
-    assert threading.active_count() == before and len(read) <= 6, len(read)
-    failing = Prefetch(iter(int(x) for x in ["1", "x"]))
+    assert ends("test-prefetch-endless") and len(read) <= 6, len(read)
+    failing = Prefetch(iter(int(x) for x in ["1", "x"]), name="test-prefetch-failing")
     assert next(failing) == 1
     with pytest.raises(ValueError):
         next(failing)
-    full = Prefetch(iter(int(x) for x in ["1", "x"]), depth=1)  # the error waits behind an item nobody reads
-    time.sleep(0.3)
+    assert ends("test-prefetch-failing")
+    full = Prefetch(iter(int(x) for x in ["1", "x"]), depth=1, name="test-prefetch-full")  # the error waits behind
+    time.sleep(0.3)  # an item nobody reads
+    assert any(t.name == "test-prefetch-full" for t in threading.enumerate())
     full.close()
-    deadline = time.time() + 10
-    while threading.active_count() > before and time.time() < deadline:
-        time.sleep(0.01)
-    assert threading.active_count() == before
+    assert ends("test-prefetch-full")
 
 
 @pytest.mark.slow
