@@ -111,6 +111,9 @@ def _devices(spec: str) -> tuple[str, ...]:
             devices.append("cpu")
         else:
             raise LsrIndexError(f"--device {name}: only cpu and cuda devices are supported")
+    if "cpu" in devices and len(set(devices)) > 1:  # the run ends with the CPU's last shard: ~100x a GPU's
+        raise LsrIndexError(f"--device {spec}: a CPU beside GPUs holds them up (each shard goes to one worker whole, "
+                            "and a CPU encodes one ~100x slower): give the GPUs alone")
     return tuple(devices) or ("cpu",)
 
 

@@ -31,7 +31,7 @@ from .executors import run_in_process, run_local_workers
 from .manifest import MANIFEST, Chunk, Manifest, Part, Shard, written_by_encode
 from .model_files import sha256_file
 from .progress import EncodeBar
-from .writers import SHARDS, is_attempt, is_ours, is_temporary
+from .writers import SHARDS, is_attempt, is_claims, is_ours, is_temporary
 
 __all__ = ["EncodeJob", "EncodeOptions", "encode_corpus"]
 
@@ -157,15 +157,15 @@ class Plan:
         m.shards, m.chunks = keep_shards, keep_chunks
 
     def _remove_leftovers(self) -> None:
-        """Shard files, chunks, temporaries and cluster attempts the manifest does not list: ours (by name), from a
-        killed run."""
+        """Shard files, chunks, temporaries, cluster attempts and workers' claims the manifest does not list: ours (by
+        name), from a killed run."""
         listed = {p.file for p in [*self.manifest.shards, *self.manifest.chunks]}
         shards = self.out / SHARDS
         shards.mkdir(exist_ok=True)
         for entry in shards.iterdir():
             if is_ours(entry.name) and f"{SHARDS}/{entry.name}" not in listed and not entry.is_dir():
                 entry.unlink()
-            elif is_attempt(entry.name) and entry.is_dir() and not entry.is_symlink():  # a killed cluster driver's
+            elif (is_attempt(entry.name) or is_claims(entry.name)) and entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
         for entry in self.out.glob(f".{MANIFEST}.*.tmp"):
             entry.unlink()
@@ -227,7 +227,8 @@ def _refuse_foreign(out: Path) -> None:
     def owned(path: Path) -> bool:
         if ours is None and path.name in (MANIFEST, SHARDS) and not path.is_symlink():
             return path.name == MANIFEST or (path.is_dir() and all(
-                is_ours(p.name) or is_temporary(p.name) or is_attempt(p.name) for p in path.iterdir()))
+                is_ours(p.name) or is_temporary(p.name) or is_attempt(p.name) or is_claims(p.name)
+                for p in path.iterdir()))
         return _owned_top_level(path)
 
     foreign = sorted(p.name for p in out.iterdir() if not owned(p))

@@ -8,6 +8,7 @@ import ctypes
 import os
 import pickle
 import queue
+import shutil
 import signal
 import sys
 import threading
@@ -21,6 +22,7 @@ from .encode_job import EncodeJob
 from .encode_shard import Assignment, ShardEncoder, WorkerResult
 from .errors import LsrIndexError
 from .manifest import Part
+from .writers import claims_dir
 
 
 def run_in_process(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
@@ -112,9 +114,21 @@ _CUDA_ERROR_NOT_INITIALIZED = 3
 def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
                       on_part: Callable[[Part], None], on_progress: Callable[[int, int], None],
                       on_idle: Callable[[], None]) -> list[WorkerResult]:
-    """One process per device; worker w encodes shards k ≡ w (mod W). Each is a PythonChild, forked where that is
-    safe (_forks_workers) with the model's code imported here first, else a new interpreter: multiprocessing's spawn
-    would run the caller's script again in each (twice the encode, from a script without a main guard)."""
+    """One process per device, sharing the shards by claims (Assignment.mine) in a directory of this run. Each is a
+    PythonChild, forked where that is safe (_forks_workers) with the model's code imported here first, else a new
+    interpreter: multiprocessing's spawn would run the caller's script again in each (twice the encode, from a script
+    without a main guard)."""
+    claims = out / claims_dir(str(os.getpid()))
+    claims.mkdir()
+    try:
+        return _run_workers(job, out, devices, assignment.split(len(devices), claims), on_part, on_progress, on_idle)
+    finally:  # the workers have ended: no claim is made after this
+        shutil.rmtree(claims, ignore_errors=True)
+
+
+def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignments: list[Assignment],
+                 on_part: Callable[[Part], None], on_progress: Callable[[int, int], None],
+                 on_idle: Callable[[], None]) -> list[WorkerResult]:
     workers: list[PythonChild] = []
     results: list[WorkerResult] = []
     inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -126,7 +140,7 @@ def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assig
         import_model_code(job.model)
         fork = _forks_workers(devices)  # again: what was imported may have started a thread or CUDA
     try:
-        for device, part in zip(devices, assignment.split(len(devices))):
+        for device, part in zip(devices, assignments):
             worker = PythonChild("lsr_index.executors:worker_main", f"the encoding worker on {device}", fork=fork)
             workers.append(worker)
             with contextlib.suppress(OSError):  # dead already: its relay says so

@@ -221,7 +221,76 @@ def test_ctrl_c_ends_forked_workers_and_the_rerun_writes_an_uninterrupted_runs_b
     assert all(wait_dead(pid, 10) for pid in workers)
     kept = Manifest.load(out)
     assert 1 <= len(kept.shards) < 16
+    (out / "shards" / ".claims-1").mkdir()  # as a SIGKILLed run leaves its workers' claims
+    (out / "shards" / ".claims-1" / "00003").touch()
     rerun = cli(out)
     assert rerun.wait(timeout=600) == 0, rerun.communicate()
     assert [(s.file, s.sha256) for s in Manifest.load(out).shards] == \
         [(s.file, s.sha256) for s in Manifest.load(tmp_path / "whole").shards]
+    assert not [p.name for p in (out / "shards").iterdir() if p.name.startswith(".claims-")]
+
+
+CLAIMER = textwrap.dedent("""
+    import random, sys
+    from pathlib import Path
+    from lsr_index.encode_shard import Assignment
+    mine = Assignment(done=frozenset({7}), worker=int(sys.argv[2]), workers=3, claims=sys.argv[1])
+    shards = list(range(300))
+    random.Random(int(sys.argv[2])).shuffle(shards)
+    print("ready", flush=True)
+    sys.stdin.readline()  # all three start at once
+    print(*[k for k in shards if mine.mine(k)])
+""")
+
+
+def test_each_shard_is_claimed_by_exactly_one_worker(tmp_path):
+    """Three processes racing over 300 shards in different orders: every shard not published goes to one of them."""
+    racers = [subprocess.Popen([sys.executable, "-c", CLAIMER, str(tmp_path), str(w)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, text=True) for w in range(3)]
+    assert [racer.stdout.readline() for racer in racers] == ["ready\n"] * 3
+    for racer in racers:
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+    claimed = [[int(k) for k in racer.communicate(timeout=60)[0].split()] for racer in racers]
+    assert sorted(k for ks in claimed for k in ks) == [k for k in range(300) if k != 7]
+
+
+SLOW_SECOND = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from lsr_index import encode_shard, executors
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    executors._forks_workers = lambda devices: True  # the workers are forks of this process, as on GPUs
+    put = encode_shard._ShardSink.put
+    def slowed(self, *args):  # the second worker's device, slower: 0.5 s more per shard of 100 documents
+        if self.assignment.worker == 1:
+            time.sleep(0.5)
+        return put(self, *args)
+    encode_shard._ShardSink.put = slowed
+    options = EncodeOptions(shard_docs=100, output_format="jsonl", progress=False, doc_max_length=32)
+    manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cpu", "cpu"))
+    print(*[w["docs"] for w in manifest.stats["per_worker"]])
+""")
+
+
+@pytest.mark.slow
+def test_a_slower_worker_takes_fewer_shards_and_the_bytes_stay_one_workers(tmp_path):
+    """Shards go to the worker whose reader reaches them first: a fixed split (k mod W) gave each of two workers 16
+    of 32 shards, so the faster waited for the slower; here it took 20 in a run measured while writing this."""
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.manifest import Manifest
+
+    lines = SAMPLE.read_text().splitlines()
+    corpus = tmp_path / "c.jsonl"  # 3,200 documents: 32 shards
+    corpus.write_text("".join(line.replace('{"id": "', f'{{"id": "{copy}-', 1) + "\n"
+                              for copy in range(8) for line in lines))
+    run = subprocess.run([sys.executable, "-c", SLOW_SECOND, str(corpus), str(tmp_path / "two")], capture_output=True,
+                         text=True, timeout=600)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    fast, slow = map(int, run.stdout.split())
+    assert fast + slow == 3200 and fast >= slow + 400, (fast, slow)
+    assert not [p.name for p in (tmp_path / "two" / "shards").iterdir() if not p.name.startswith("part-")]
+    options = EncodeOptions(shard_docs=100, output_format="jsonl", progress=False, doc_max_length=32)
+    one = encode_corpus(EncodeJob(inputs=(str(corpus),), options=options), tmp_path / "one", ("cpu",))
+    assert [(s.file, s.sha256) for s in Manifest.load(tmp_path / "two").shards] == \
+        [(s.file, s.sha256) for s in one.shards]

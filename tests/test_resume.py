@@ -102,6 +102,21 @@ def test_lengths_past_the_model_and_unknown_devices_are_clear_errors(tmp_path):
     assert bad_device.returncode == 1 and "--device" in bad_device.stderr and "Traceback" not in bad_device.stderr
 
 
+def test_a_cpu_beside_gpus_is_refused(monkeypatch):
+    """Each shard goes to one worker whole: a CPU worker's shard would take ~100x a GPU's, and the run waits for it.
+    (This machine has no GPU: two are made visible to the device parser.)"""
+    import pytest
+    import torch
+
+    from lsr_index.cli import _devices
+    from lsr_index.errors import LsrIndexError
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert _devices("cuda:0,cuda:1") == ("cuda:0", "cuda:1") and _devices("cpu,cpu") == ("cpu", "cpu")
+    with pytest.raises(LsrIndexError, match=r"--device cuda:0,cpu: a CPU beside GPUs holds them up"):
+        _devices("cuda:0,cpu")
+
+
 def test_a_missing_input_is_reported_before_torch_or_a_model_loads(tmp_path):
     """A mistyped path must not cost a torch import (seconds), nor a first run's model download."""
     code = ("import sys\nfrom lsr_index.cli import main\n"
@@ -153,8 +168,9 @@ def test_each_shard_is_cut_the_same_way_whoever_reads_it_and_a_resume_reads_exac
         for before, part in pairwise(mine):
             if before[2] - before[1] < w:  # inside the ramp: no part shorter than the one before, unless it is a
                 assert part[2] - part[1] >= before[2] - before[1] or (part[1], part[2]) in read  # whole piece
-    for worker in (0, 1):
-        assert parts(Assignment(worker=worker, workers=2)) == [p for p in whole if p[0] % 2 == worker]
+    for parity in (0, 1):  # the shards others claimed, or published ones, are read only
+        others = frozenset(k for k in range(total // shard_docs + 1) if k % 2 != parity)
+        assert parts(Assignment(done=others)) == [p for p in whole if p[0] % 2 == parity]
     shard, _, end, _ = data.draw(st.sampled_from(whole))
     chunk = Chunk(file="x", start=shard * shard_docs, docs=end - shard * shard_docs, nonzeros=0, sha256="",
                   input="0", shard=shard)
