@@ -238,7 +238,8 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
     whole time, which adds torch's and transformers' imports and the plan (~7 s on a GPU host: the encode clock
     starts after them)."""
     stats = manifest.stats
-    startup = max((w["startup_seconds"] for w in stats.get("per_worker", [])), default=0.0)
+    # a worker left without a shard was "ready" only when it ended: its start-up is not the run's
+    startup = max((w["startup_seconds"] for w in stats.get("per_worker", []) if w["docs"]), default=0.0)
     after = stats["docs_this_run"] / max(stats["seconds"] - startup, 1e-9)
     click.echo(f"encoded {manifest.docs:,} documents into {len(manifest.shards)} shard(s) in {out} in "
                f"{stats['seconds']:.1f} s: start-up {startup:.1f} s, then {after:,.1f} docs/s "
@@ -253,8 +254,9 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
     busiest = max((w["docs"] for w in workers), default=0)
     if len(workers) > 1 and busiest > 1.5 * stats["docs_this_run"] / len(workers):
         click.echo(f"note: one worker encoded {busiest:,} of the {stats['docs_this_run']:,} documents: each shard "
-                   f"goes to one worker whole, so {len(workers)} workers need {len(workers)} or more shards of "
-                   f"{manifest.shard_docs:,} documents (--shard-docs) to share the work", err=True)
+                   "goes to one worker whole, claimed a few pieces of the input ahead of its model, so "
+                   f"{len(workers)} workers share the work evenly only over several shards each "
+                   f"({len(manifest.shards)} of {manifest.shard_docs:,} documents here: lower --shard-docs)", err=True)
     cut = manifest.truncation
     if cut["documents"]:
         click.echo(f"truncated {cut['documents']:,} document(s) ({cut['share']:.1%}) at --doc-max-length "
