@@ -109,7 +109,8 @@ def test_two_workers_on_one_gpu_write_what_one_writes(tmp_path):
                                                                    progress=False))
     one = encode_corpus(job, tmp_path / "one", ("cuda:0",))
     two = encode_corpus(job, tmp_path / "two", ("cuda:0", "cuda:0"))
-    assert two.stats["workers"] == 2 and [w["docs"] for w in two.stats["per_worker"]] == [250, 150]
+    assert two.stats["workers"] == 2  # whole shards of 150, 150 and 100 to whichever worker claims each first
+    assert sorted(w["docs"] for w in two.stats["per_worker"]) in ([0, 400], [100, 300], [150, 250])
     assert_same_shards(tmp_path / "one", one, tmp_path / "two", two)
 
 

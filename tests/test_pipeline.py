@@ -154,15 +154,18 @@ def test_encode_refuses_to_overwrite_a_complete_output(encoded):
 
 
 def test_two_workers_write_what_one_writes(encoded, tmp_path):
-    """Workers split shards k ≡ w (mod W); the result is the single-worker one, shard for shard."""
+    """Workers claim whole shards, whichever reaches one first; the result is the single-worker one, shard for
+    shard."""
     _, whole = encoded
     split = encode(SAMPLE / "corpus.jsonl", tmp_path / "vectors", devices=("cpu", "cpu"), shard_docs=150,
                    output_format="jsonl")
     assert split.stats["workers"] == 2
-    # 400 documents in shards of 150: worker 0 encodes shards 0 and 2 (150 + 100), worker 1 shard 1
-    assert [(w["device"], w["docs"]) for w in split.stats["per_worker"]] == [("cpu", 250), ("cpu", 150)]
+    # 400 documents in shards of 150, 150 and 100: each worker encodes whole ones
+    docs = sorted(w["docs"] for w in split.stats["per_worker"])
+    assert docs in ([0, 400], [100, 300], [150, 250]) and [w["device"] for w in split.stats["per_worker"]] == \
+        ["cpu", "cpu"], split.stats["per_worker"]
     assert all(0 < w["model_loaded_after_seconds"] <= w["startup_seconds"] and w["docs_per_second_after_startup"] > 0
-               for w in split.stats["per_worker"])
+               for w in split.stats["per_worker"] if w["docs"])
     assert [(s.file, s.start, s.docs, s.sha256) for s in split.shards] == \
         [(s.file, s.start, s.docs, s.sha256) for s in whole.shards]
 

@@ -70,8 +70,10 @@ def test_two_workers_on_two_gpus_write_what_one_writes(tmp_path):
     """Started afresh: this process has used CUDA, so its workers cannot be its forks."""
     one = encode_corpus(JOB, tmp_path / "one", ("cuda:0",))
     two = encode_corpus(JOB, tmp_path / "two", ("cuda:0", "cuda:1"))
-    assert [(w["device"], w["docs"], w["started"]) for w in two.stats["per_worker"]] == \
-        [("cuda:0", 250, "new interpreter"), ("cuda:1", 150, "new interpreter")]
+    assert [(w["device"], w["started"]) for w in two.stats["per_worker"]] == \
+        [("cuda:0", "new interpreter"), ("cuda:1", "new interpreter")]
+    # whole shards of 150, 150 and 100 to whichever worker claims each first
+    assert sorted(w["docs"] for w in two.stats["per_worker"]) in ([0, 400], [100, 300], [150, 250])
     assert_same_shards(tmp_path / "one", one, tmp_path / "two", two)
 
 
