@@ -252,11 +252,12 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
                    "--min-weight): an index of these vectors finds nothing", err=True)
     workers = stats.get("per_worker", [])
     busiest = max((w["docs"] for w in workers), default=0)
-    if len(workers) > 1 and busiest > 1.5 * stats["docs_this_run"] / len(workers):
+    shards = -(-stats["docs_this_run"] // manifest.shard_docs)  # encoded in this run
+    # over fewer than two shards a worker, whole shards cannot even out; over more, a worker that took fewer was slower
+    if len(workers) > 1 and shards < 2 * len(workers) and busiest > 1.5 * stats["docs_this_run"] / len(workers):
         click.echo(f"note: one worker encoded {busiest:,} of the {stats['docs_this_run']:,} documents: each shard "
-                   "goes to one worker whole, claimed a few pieces of the input ahead of its model, so "
-                   f"{len(workers)} workers share the work evenly only over several shards each "
-                   f"({len(manifest.shards)} of {manifest.shard_docs:,} documents here: lower --shard-docs)", err=True)
+                   f"goes to one worker whole, so {len(workers)} workers share the work evenly only over several "
+                   f"shards each ({shards} of {manifest.shard_docs:,} documents here: lower --shard-docs)", err=True)
     cut = manifest.truncation
     if cut["documents"]:
         click.echo(f"truncated {cut['documents']:,} document(s) ({cut['share']:.1%}) at --doc-max-length "
