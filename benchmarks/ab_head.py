@@ -1,9 +1,9 @@
-"""Two versions of the Sparton kernel on the same inputs in one process: this tree's `kernels/splade_head.py`
+"""Two versions of the Sparton kernel on the same inputs in one process: the working copy's `sparton/splade_head.py`
 ("after") against another copy of that file ("before"), alternating their order round by round (under a power cap
 the one timed second runs at another clock), on the packed and padded shapes of `bench_head.py`. Prints per-round
 medians and the SM clock, and writes results/ab_head_<GPU>.json.
 
-    git show REV:kernels/splade_head.py > /tmp/head_before.py
+    git show REV:sparton/splade_head.py > /tmp/head_before.py
     python benchmarks/ab_head.py /tmp/head_before.py
 """
 
@@ -34,7 +34,7 @@ SHAPES = [  # (input, V, documents of 256 tokens or their tokens packed, dtype)
 
 def load_kernel_file(path: Path):
     """The file as a module of package sparton (its relative imports resolve there). Its custom-op registrations are
-    left out: this tree's module holds those names."""
+    left out: the working copy's module holds those names."""
     source = path.read_text()
     source = source[: source.find("@torch.library.custom_op")] if "@torch.library.custom_op" in source else source
     spec = importlib.util.spec_from_loader("sparton._ab_before", loader=None)
@@ -46,7 +46,7 @@ def load_kernel_file(path: Path):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("before", type=Path, help="a copy of kernels/splade_head.py to compare against")
+    parser.add_argument("before", type=Path, help="a copy of sparton/splade_head.py to compare against")
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--out", type=Path, default=bh.RESULTS)
     args = parser.parse_args()

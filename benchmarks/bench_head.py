@@ -19,7 +19,6 @@ budget, for the kernel and for eager. Writes results/head_<GPU>.json / .csv / .p
 
 import argparse
 import csv
-import importlib.util
 import json
 import statistics
 import subprocess
@@ -46,22 +45,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def load_sparton():
-    """`import sparton` when installed; otherwise load the repository's kernels/ under that name."""
-    try:
-        import sparton
+    """`import sparton`: the installed package, else the repository's own."""
+    if str(ROOT) not in sys.path:
+        sys.path.append(str(ROOT))
+    import sparton
 
-        if hasattr(sparton, "splade_max"):
-            return sparton
-    except ImportError:
-        pass
-    kernels = ROOT / "kernels"
-    spec = importlib.util.spec_from_file_location(
-        "sparton", kernels / "__init__.py", submodule_search_locations=[str(kernels)]
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sparton"] = module
-    spec.loader.exec_module(module)
-    return module
+    return sparton
 
 
 sparton = load_sparton()

@@ -8,14 +8,21 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
 import sparton
-from sparton import cpu_head, reference
+from sparton import activations, cpu_head, reference
 
-pytestmark = pytest.mark.skipif(not cpu_head.available(),
-                                reason="this CPU has no int8 dot-product instructions: the float32 path runs")
+pytestmark = pytest.mark.skipif(not hasattr(torch, "_int_mm"), reason="this torch has no int8 matmul")
+
+
+@pytest.fixture(autouse=True)
+def screen_on(monkeypatch):
+    """The screen runs on any CPU (torch's int8 matmul has a plain fallback): forced on, so that these tests hold where
+    `available()` says it would not pay. A test that wants the float32 path turns it off again."""
+    monkeypatch.setattr(cpu_head, "available", lambda: True)
 
 
 def _oracle(tokens, weight, bias, lengths, activation="log1p_relu"):
@@ -24,7 +31,7 @@ def _oracle(tokens, weight, bias, lengths, activation="log1p_relu"):
     rows = []
     for part in logits.split(lengths):
         top = part.amax(0) if part.shape[0] else torch.full((weight.shape[0],), float("-inf"), dtype=torch.float64)
-        rows.append(reference.activate(top, activation))
+        rows.append(activations.activate(top, activation))
     return torch.stack(rows)
 
 
@@ -38,11 +45,14 @@ def _packed(seed: int, lengths: list[int], hidden: int, vocab: int, dtype: torch
     return tokens, weight, bias, cu
 
 
+@pytest.mark.parametrize("path", ["int8 screen", "float32"])
 @pytest.mark.parametrize("activation", sparton.ACTIVATIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_screen_equals_the_float64_oracle(monkeypatch, seed, dtype, activation):
-    monkeypatch.setattr(cpu_head, "_BLOCK_TOKENS", 7)  # documents across token blocks, ragged vocabulary blocks
-    monkeypatch.setattr(cpu_head, "_BLOCK_VOCAB", 97)
+def test_each_cpu_path_equals_the_float64_oracle(monkeypatch, seed, dtype, activation, path):
+    monkeypatch.setattr(cpu_head, "available", lambda: path == "int8 screen")
+    for module in (cpu_head, reference):  # documents across token blocks, ragged vocabulary blocks
+        monkeypatch.setattr(module, "_BLOCK_TOKENS", 7)
+        monkeypatch.setattr(module, "_BLOCK_VOCAB", 97)
     lengths = [5, 0, 13, 1, 9, 0]
     tokens, weight, bias, cu = _packed(seed, lengths, 24, 331, dtype)
     got = sparton.splade_max_packed(tokens, weight, bias, cu, backend="torch", activation=activation)
@@ -125,18 +135,37 @@ def test_a_weight_made_under_inference_mode_is_screened(seed):
     torch.testing.assert_close(got.double(), _oracle(tokens, weight, bias - 2, [5, 7]), rtol=2e-5, atol=2e-5)
 
 
+def _summed_in_float32(products: list[float], bias: float, fused: bool) -> float:
+    """h·w + b as a float32 path may sum it: products rounded one by one, or each added with one rounding (FMA)."""
+    total = np.float32(0)
+    for p in products:
+        total = np.float32(np.float64(total) + p) if fused else np.float32(total + np.float32(p))
+    return float(np.float32(total + np.float32(bias)))
+
+
 def test_a_term_only_float32_rounding_makes_positive_is_kept():
-    """The exact logit is -0.0021, float32's +0.0005: the inputs quantize to int8 exactly (no residual), so only the
-    float32 path's own rounding, in the bound, keeps the term it keeps."""
-    tokens = torch.tensor([[192.8564453125, -174.6337890625]])
+    """The exact logit is -0.0021; summed in float32 (products rounded, or fused multiply-adds) it is +0.0005 or
+    within rounding of it, on any CPU: the inputs quantize to int8 exactly (no residual), so only the float32 rounding
+    term of the bound keeps the pair. The screen then computes it as the float32 path does."""
+    token = [192.8564453125, -174.6337890625]
+    row = [-234.83837890625, -223.74365234375]
+    bias0 = 6216.89111328125
+    exact = sum(a * b for a, b in zip(token, row)) + bias0
+    assert exact < 0
+    some_order_positive = [_summed_in_float32([a * b for a, b in zip(token, row)], bias0, fused)
+                           for fused in (False, True)]
+    assert max(some_order_positive) > 0  # the case is one rounding can make positive
+    tokens = torch.tensor([token])
     weight = torch.zeros(16, 2)
-    weight[0] = torch.tensor([-234.83837890625, -223.74365234375])
+    weight[0] = torch.tensor(row)
     bias = torch.full((16,), -1.0)
-    bias[0] = 6216.89111328125
+    bias[0] = bias0
+    keep = cpu_head.candidates(tokens, torch.zeros(1, dtype=torch.long), 1, weight, bias)
+    assert keep is not None and keep[0, 0] and not keep[0, 1:].any()
     got = cpu_head.screened_max_pool(tokens, torch.zeros(1, dtype=torch.long), 1, weight, bias, "log1p_relu")
-    assert got is not None and got[0, 0] > 0
-    plain = reference.activate(tokens @ weight.T + bias, "log1p_relu")
-    torch.testing.assert_close(got, plain, rtol=0, atol=1e-6)
+    float32 = activations.activate(torch.mm(tokens, weight[[0]].T) + bias[[0]], "log1p_relu")
+    torch.testing.assert_close(got[0, :1], float32[0], rtol=0, atol=0)
+    assert (got[0, 1:] == 0).all()
 
 
 def test_logits_past_float32s_range_go_to_the_float32_path():

@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from . import reference
+from .activations import activate
 
 _DENSE = 1 / 8  # past this share of (document, term) pairs kept, the screen costs more than the float32 path
 _WIDE = 1 + 2.0**-14  # covers the float64 norms' rounding
@@ -45,7 +45,7 @@ _MAX_HIDDEN = (2**31 - 1) // 127**2  # int32 accumulation stays exact below this
 _FLOAT32_SAFE = 2.0**126  # past this, the float32 path's logits may overflow: it answers instead
 
 # One step's int32 logits block, [tokens, vocabulary]: 2,048 × 512 (4 MiB) stays in cache between the matmul and the
-# max that reads it (the float32 path's block, kernels/reference.py)
+# max that reads it (the float32 path's block, reference.py)
 _BLOCK_TOKENS = 2048
 _BLOCK_VOCAB = 512
 
@@ -115,12 +115,38 @@ def screened_max_pool(tokens: Tensor, doc_ids: Tensor, n_docs: int, weight: Tens
     returns float32 [n_docs, V], or None when more than _DENSE of the pairs could be nonzero (or H is too large
     for exact int32 sums).
     """
+    n_vocab = weight.shape[0]
+    keep = candidates(tokens, doc_ids, n_docs, weight, bias)
+    if keep is None:
+        return None
+    pairs = keep.nonzero()
+    if pairs.shape[0] > _DENSE * n_docs * n_vocab:
+        return None
+    # pass 2: the kept pairs in float32, document by document
+    tokens, weight = tokens.float(), weight.float()
+    bias = bias.float() if bias is not None else torch.zeros(n_vocab)
+    counts = torch.bincount(doc_ids, minlength=n_docs)
+    out = torch.zeros(n_docs, n_vocab, dtype=torch.float32)
+    per_doc = torch.bincount(pairs[:, 0], minlength=n_docs).tolist()
+    terms = pairs[:, 1].split(per_doc)
+    starts = (torch.cumsum(counts, 0) - counts).tolist()
+    for d, (start, count) in enumerate(zip(starts, counts.tolist())):
+        if per_doc[d]:
+            kept = terms[d]
+            logits = torch.mm(tokens[start : start + count], weight[kept].T).amax(0) + bias[kept]
+            out[d, kept] = activate(logits, activation)
+    return out
+
+
+def candidates(tokens: Tensor, doc_ids: Tensor, n_docs: int, weight: Tensor, bias: Tensor | None) -> Tensor | None:
+    """Pass 1 of `screened_max_pool`: bool [n_docs, V], False only where the bound proves the pooled logit ≤ 0 in
+    every float32 summation order; None where the bound does not apply (H too large, values near float32's range)."""
     n_tokens, hidden = tokens.shape
     n_vocab = weight.shape[0]
     if hidden > _MAX_HIDDEN:
         return None
     terms = _quantized_terms(weight)
-    tokens, weight = tokens.float(), weight.float()
+    tokens = tokens.float()
     bias = bias.float() if bias is not None else torch.zeros(n_vocab)
     counts = torch.bincount(doc_ids, minlength=n_docs)
     # pass 1: the pooled int8 logits per (document, term), and which pairs the bound cannot rule out
@@ -162,17 +188,4 @@ def screened_max_pool(tokens: Tensor, doc_ids: Tensor, n_docs: int, weight: Tens
         # float32 path would
         torch.logical_not(upper <= 0, out=keep[:, v0 : v0 + chunk])
     keep[counts == 0] = False  # an empty document weighs 0, as in the float32 path
-    pairs = keep.nonzero()
-    if pairs.shape[0] > _DENSE * n_docs * n_vocab:
-        return None
-    # pass 2: the kept pairs in float32, document by document
-    out = torch.zeros(n_docs, n_vocab, dtype=torch.float32)
-    per_doc = torch.bincount(pairs[:, 0], minlength=n_docs).tolist()
-    terms = pairs[:, 1].split(per_doc)
-    starts = (torch.cumsum(counts, 0) - counts).tolist()
-    for d, (start, count) in enumerate(zip(starts, counts.tolist())):
-        if per_doc[d]:
-            kept = terms[d]
-            logits = torch.mm(tokens[start : start + count], weight[kept].T).amax(0) + bias[kept]
-            out[d, kept] = reference.activate(logits, activation)
-    return out
+    return keep

@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from . import cpu_head
+from .activations import activate, check_options
 
 # One step's logits block, [tokens, vocabulary] = 2,048 × 512 (4 MiB in float32): small enough to stay in cache
 # between the matmul that writes it and the reduction that reads it. On 2 CPU cores (AVX-512, MKL) the head ran at
@@ -27,23 +28,6 @@ def _block_shape(n_tokens: int, device: torch.device) -> tuple[int, int]:
         return _BLOCK_TOKENS, _BLOCK_VOCAB
     n_tokens = max(1, n_tokens)
     return n_tokens, max(1, _GPU_BLOCK_ELEMS // n_tokens)
-
-# What a token's logit x becomes before pooling. SPLADE's is log1p(relu(x)); the opensearch v3 models (through
-# sentence-transformers' SpladePooling(activation_function="log1p_relu")) apply log1p once more.
-ACTIVATIONS = ("log1p_relu", "log1p_log1p_relu")
-POOLINGS = ("max", "sum")
-
-
-def activate(x: Tensor, activation: str) -> Tensor:
-    y = torch.log1p(torch.relu(x))
-    return torch.log1p(y) if activation == "log1p_log1p_relu" else y
-
-
-def check_options(pooling: str, activation: str) -> None:
-    if pooling not in POOLINGS or activation not in ACTIVATIONS:
-        raise ValueError(f"sparton: pooling must be one of {POOLINGS} and activation one of {ACTIVATIONS}, "
-                         f"got {pooling!r}, {activation!r}")
-
 
 def _segment_pool(tokens: Tensor, doc_ids: Tensor, n_docs: int, weight: Tensor, bias: Tensor | None,
                   pooling: str, activation: str) -> Tensor:

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .reference import ACTIVATIONS, POOLINGS, check_options, splade_max_packed_reference, splade_max_reference
+from .activations import ACTIVATIONS, POOLINGS, check_options
+from .reference import splade_max_packed_reference, splade_max_reference
 
 try:
     from . import splade_head

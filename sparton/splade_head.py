@@ -30,7 +30,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from .reference import ACTIVATIONS
+from .activations import ACTIVATIONS
 
 
 # Integer arguments are not specialized: by default Triton compiles a variant per value class of each (divisible
