@@ -173,8 +173,8 @@ def run_plain(model_dir: Path, texts: list[str], batch: int, device: str, dtype)
 
 def run_lsr_model_only(model_dir: Path, texts: list[str], device: str, dtype, max_tokens: int) -> dict:
     """lsr-index's encoder and quantizer alone on pre-tokenized text: the ceiling the I/O stages must feed."""
-    from lsr_index.encoder import SpladeEncoder
-    from lsr_index.models import load_model
+    from lsr_index.model.encoder import SpladeEncoder
+    from lsr_index.model.load import load_model
     from lsr_index.quantize import Quantization, quantize
 
     encoder = SpladeEncoder(load_model(str(model_dir), device=device, dtype=dtype), max_tokens=max_tokens)
@@ -257,8 +257,8 @@ _FRESH = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import bench_encode
-from lsr_index.models import import_model_code
-import lsr_index.encoder
+from lsr_index.model.load import import_model_code
+import lsr_index.model.encoder
 args = json.loads(sys.argv[2])
 args["devices"] = tuple(args["devices"])
 import_model_code(args["model_dir"])
@@ -387,7 +387,7 @@ def main() -> None:
                    run_lsr_index_fresh(bert, large, shards / "out", used, dtype_name, max_tokens),
                    shards_on=shards_filesystem(shards))
     if "cpu" in sections and args.scifact:  # the real embedded model on real text, for CPU-only machines
-        from lsr_index.models import resolve_model
+        from lsr_index.model.load import resolve_model
 
         tiny = resolve_model("splade-tiny")
         sample = work / "scifact.jsonl"  # lsr-index on the whole collection, the peers on its first 1,024 documents

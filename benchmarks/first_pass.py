@@ -46,8 +46,8 @@ def main() -> None:
         parser.error(f"no model or corpus under {args.work}: run with --make first")
     import sparton
     from lsr_index.encode_shard import _expandable_cuda_memory
-    from lsr_index.encoder import WARM_UP_SIZES, SpladeEncoder
-    from lsr_index.models import load_model
+    from lsr_index.model.encoder import WARM_UP_SIZES, SpladeEncoder
+    from lsr_index.model.load import load_model
     from lsr_index.quantize import Quantization, quantize
 
     _expandable_cuda_memory()  # the allocator as the CLI sets it

@@ -28,9 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_encode import make_model, synthetic_corpus, words_from
 
 import sparton
-from lsr_index import packed_body
-from lsr_index.encoder import SpladeEncoder, length_buckets
-from lsr_index.models import load_model, resolve_model
+from lsr_index.model.encoder import SpladeEncoder, length_buckets
+from lsr_index.model.load import load_model, resolve_model
 from lsr_index.quantize import Quantization, quantize
 
 
@@ -123,8 +122,8 @@ def main() -> None:
     with torch.inference_mode():
         if model.packed:  # the encoder's path for this family on this device (packed_body)
             p_ids, p_pos, p_cu = (torch.from_numpy(a).to(device)
-                                  for a in packed_body.inputs(tokens, positions, model.body))
-            body = lambda: packed_body.forward(model.body, p_ids, p_pos, p_cu, longest)
+                                  for a in packed.inputs(tokens, positions, model.body))
+            body = lambda: packed.forward(model.body, p_ids, p_pos, p_cu, longest)
             real = body()
         else:
             body = lambda: model.body(input_ids=ids_t, attention_mask=mask_t).logits

@@ -1,3 +1,3 @@
-from .cli import main
+from lsr_index.cli import main
 
 main()

@@ -23,13 +23,13 @@ import threading
 import time
 from pathlib import Path
 
-from .durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
-from .errors import LsrIndexError
-from .impact_writer import MERGE, heap_mb, split
-from .lucene import INDEX_MANIFEST, anserini_jar, check_index, count_docs, java_home
-from .manifest import MANIFEST, Manifest
-from .progress import bar, note
-from .writers import json_vector_line, read_shard, verify_shards
+from lsr_index.errors import LsrIndexError
+from lsr_index.impact_writer import MERGE, heap_mb, split
+from lsr_index.lucene import INDEX_MANIFEST, anserini_jar, check_index, count_docs, java_home
+from lsr_index.manifest import MANIFEST, Manifest
+from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
+from lsr_index.runtime.progress import bar, note
+from lsr_index.writers import json_vector_line, read_shard, verify_shards
 
 BUILDERS = ("direct", "anserini")
 # Each writer has fixed costs (a JVM start, a final flush, its sub-index copied in) that a small share does not

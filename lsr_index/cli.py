@@ -20,9 +20,9 @@ from typing import NoReturn
 
 import click
 
-from .errors import LsrIndexError
-from .presets import PRESET_KEYS, load_preset
-from .settings import DEFAULTS, DTYPE, MAX_TOKENS, RANGES
+from lsr_index.errors import LsrIndexError
+from lsr_index.presets import PRESET_KEYS, load_preset
+from lsr_index.settings import DEFAULTS, DTYPE, MAX_TOKENS, RANGES
 
 
 def setting(name: str) -> click.ParamType:
@@ -188,11 +188,11 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
 
     A rerun with the same inputs and settings encodes only the shards not yet complete.
     """
-    from .corpus import Fields
-    from .durable import real_path
-    from .encode_corpus import EncodeJob, EncodeOptions, encode_corpus
-    from .quantize import Quantization
-    from .sources import resolve
+    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.inputs.corpus import Fields
+    from lsr_index.inputs.sources import resolve
+    from lsr_index.quantize import Quantization
+    from lsr_index.runtime.durable import real_path
 
     terminate_as_interrupt()
 
@@ -207,7 +207,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     value = lambda key: options[key] if options.get(key) is not None else chosen.get(key, DEFAULTS[key])
     cluster = None
     if options["ray_address"] is not None:  # the cluster's devices replace --device
-        from .ray_executor import RayCluster
+        from lsr_index.ray_executor import RayCluster
 
         cluster = RayCluster(options["ray_address"], options["ray_cpus"])
     devices = cluster.devices if cluster else _devices(options["device"])
@@ -285,7 +285,7 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
 def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads: int | None, builder: str,
           heap: str, overwrite: bool) -> None:
     """Build a Lucene impact index from encoded vectors (checksums verified; published only when whole)."""
-    from .build import build_index
+    from lsr_index.build import build_index
 
     vectors = vectors or ctx.obj["workdir"] / "vectors"
     index = index or ctx.obj["workdir"] / "index"
@@ -322,9 +322,9 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
 
     Ctrl-C and SIGTERM stop it at once and leave no run file (exit 130 and 143).
     """
-    from . import search as searching
-    from .search import read_run
-    from .topics import read_qrels, read_queries
+    from lsr_index import search as searching
+    from lsr_index.inputs.topics import read_qrels, read_queries
+    from lsr_index.search import read_run
 
     terminate_as_interrupt()  # the run file is written whole or not at all
     index = index or ctx.obj["workdir"] / "index"
@@ -356,15 +356,15 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
 @friendly_errors
 def evaluate(ctx: click.Context, run_path: Path, qrels: Path) -> None:
     """Score a run: nDCG@10, MRR@10, R@100, R@1000, MAP (ir_measures: MRR@10 is RR@10, MAP is AP@1000)."""
-    from .search import read_run
-    from .topics import read_qrels
+    from lsr_index.inputs.topics import read_qrels
+    from lsr_index.search import read_run
 
     _print_metrics(read_run(run_path), read_qrels(qrels), ctx.obj["progress"])
 
 
 def _print_metrics(run, qrels, legend: bool) -> None:
     """The metric line on stdout (for scripts); which ir_measures measures the names stand for on stderr."""
-    from .evaluate import LEGEND, evaluate, format_metrics
+    from lsr_index.evaluate import LEGEND, evaluate, format_metrics
 
     missing = sum(1 for qid in qrels if not run.get(qid))
     if missing:
@@ -378,7 +378,7 @@ def _print_metrics(run, qrels, legend: bool) -> None:
 @main.command()
 def presets() -> None:
     """List the named presets and what they set."""
-    from .presets import available
+    from lsr_index.presets import available
 
     for name, values in available().items():
         click.echo(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items() if k in PRESET_KEYS))
@@ -414,7 +414,7 @@ def inspect(ctx: click.Context, doc_ids: tuple[str, ...], query_texts: tuple[str
     """
     import json
 
-    from . import inspect as inspection
+    from lsr_index import inspect as inspection
 
     vectors = vectors or ctx.obj["workdir"] / "vectors"
     stats = stats or png is not None or not (doc_ids or query_texts)

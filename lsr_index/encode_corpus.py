@@ -23,15 +23,15 @@ from pathlib import Path
 
 import orjson
 
-from .durable import atomic_write_bytes, exclusive_lock, refuse_symlink
-from .encode_job import EncodeJob, EncodeOptions, pieces
-from .encode_shard import Assignment, WorkerResult
-from .errors import LsrIndexError
-from .executors import run_in_process, run_local_workers
-from .manifest import MANIFEST, Chunk, Manifest, Part, Shard, written_by_encode
-from .model_files import sha256_file
-from .progress import EncodeBar
-from .writers import SHARDS, is_attempt, is_claims, is_ours, is_temporary
+from lsr_index.encode_job import EncodeJob, EncodeOptions, pieces
+from lsr_index.encode_shard import Assignment, WorkerResult
+from lsr_index.errors import LsrIndexError
+from lsr_index.executors import run_in_process, run_local_workers
+from lsr_index.manifest import MANIFEST, Chunk, Manifest, Part, Shard, written_by_encode
+from lsr_index.model.files import sha256_file
+from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, refuse_symlink
+from lsr_index.runtime.progress import EncodeBar
+from lsr_index.writers import SHARDS, is_attempt, is_claims, is_ours, is_temporary
 
 __all__ = ["EncodeJob", "EncodeOptions", "encode_corpus"]
 
@@ -276,9 +276,9 @@ def _refuse_foreign_places(job: EncodeJob, out: Path) -> None:
 
 def fresh_manifest(job: EncodeJob) -> Manifest:
     """The manifest a new run of `job` starts from (its settings: what a resumed run must match)."""
-    from .model_files import model_sha256
-    from .models import EMBEDDED, max_length, resolve_model
-    from .query_models import query_model_record
+    from lsr_index.model.files import model_sha256
+    from lsr_index.model.load import EMBEDDED, max_length, resolve_model
+    from lsr_index.model.query import query_model_record
 
     options = job.options
     model_path = resolve_model(job.model)

@@ -28,23 +28,16 @@ from typing import BinaryIO, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from .children import PythonChild, end_with_stdin, send_message
-from .corpus import CorpusReader, string_array
-from .durable import create_new
-from .encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
-from .errors import InputError, LsrIndexError
-from .manifest import Chunk, Part, Shard
-from .quantize import SparseVectors, quantize
-from .serializers import SerializerPool
-from .tokens import TextTokenizer, Tokens
-from .writers import (
-    ShardWriter,
-    blocks,
-    check_vocab,
-    chunk_file,
-    concatenate,
-    shard_file,
-)
+from lsr_index.encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
+from lsr_index.errors import InputError, LsrIndexError
+from lsr_index.inputs.corpus import CorpusReader, string_array
+from lsr_index.manifest import Chunk, Part, Shard
+from lsr_index.model.tokens import TextTokenizer, Tokens
+from lsr_index.quantize import SparseVectors, quantize
+from lsr_index.runtime.children import PythonChild, end_with_stdin, send_message
+from lsr_index.runtime.durable import create_new
+from lsr_index.serializers import SerializerPool
+from lsr_index.writers import ShardWriter, blocks, check_vocab, chunk_file, concatenate, shard_file
 
 T = TypeVar("T")
 
@@ -294,7 +287,7 @@ class ShardEncoder:
             raise
 
     def _setup(self, job: EncodeJob, device: str, cores: int) -> None:
-        from .models import load_tokenizer, tokenizer_terms
+        from lsr_index.model.load import load_tokenizer, tokenizer_terms
 
         tokenizer = load_tokenizer(job.model)
         vocab = tokenizer_terms(tokenizer)[0]  # what the model's vocabulary will be: its tokenizer's terms
@@ -317,9 +310,8 @@ class ShardEncoder:
             import torch
 
             import sparton
-
-            from .encoder import SpladeEncoder
-            from .models import load_model
+            from lsr_index.model.encoder import SpladeEncoder
+            from lsr_index.model.load import load_model
 
             with ThreadPoolExecutor(1, thread_name_prefix="kernel-prepare") as beside:
                 prepared = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import LsrIndexError
+from lsr_index.errors import LsrIndexError
 
 MEASURES = ("nDCG@10", "RR@10", "R@100", "R@1000", "AP@1000")
 NAMES = {"RR@10": "MRR@10", "AP@1000": "MAP"}  # the names users know (and the README's table) for two of them

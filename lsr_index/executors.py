@@ -17,12 +17,12 @@ from contextlib import closing
 from pathlib import Path
 from typing import BinaryIO
 
-from .children import PythonChild, end_with_stdin, send_message
-from .encode_job import EncodeJob
-from .encode_shard import Assignment, ShardEncoder, WorkerResult
-from .errors import LsrIndexError
-from .manifest import Part
-from .writers import claims_dir
+from lsr_index.encode_job import EncodeJob
+from lsr_index.encode_shard import Assignment, ShardEncoder, WorkerResult
+from lsr_index.errors import LsrIndexError
+from lsr_index.manifest import Part
+from lsr_index.runtime.children import PythonChild, end_with_stdin, send_message
+from lsr_index.writers import claims_dir
 
 
 def run_in_process(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
@@ -134,8 +134,8 @@ def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment
     inbox: queue.SimpleQueue = queue.SimpleQueue()
     fork = _forks_workers(devices)
     if fork:  # once here instead of once in each worker
-        from . import encoder  # noqa: F401 (torch, triton and the kernel, imported for the forks)
-        from .models import import_model_code
+        from lsr_index.model import encoder  # noqa: F401 (torch, triton and the kernel, imported for the forks)
+        from lsr_index.model.load import import_model_code
 
         import_model_code(job.model)
         fork = _forks_workers(devices)  # again: what was imported may have started a thread or CUDA

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import orjson
 
-from .errors import LsrIndexError
+from lsr_index.errors import LsrIndexError
 
 ID, CONTENTS = "id", "contents"  # Anserini's Constants.ID and Constants.CONTENTS
 DELIMITER = "\x01"  # not whitespace, never in a BERT or sentencepiece vocabulary; a clash is handled per document
@@ -230,7 +230,7 @@ class ImpactWriter:
     """A Lucene IndexWriter configured as Anserini's impact indexer, fed delimited-impact texts."""
 
     def __init__(self, index: Path, heap: str):
-        from .lucene import jvm
+        from lsr_index.lucene import jvm
 
         self._ac = ac = jvm(heap)
         self._analyzers: dict[str, object] = {}

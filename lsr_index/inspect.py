@@ -15,11 +15,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .durable import atomic_write_bytes
-from .errors import LsrIndexError
-from .manifest import Manifest
-from .progress import bar
-from .writers import read_shard
+from lsr_index.errors import LsrIndexError
+from lsr_index.manifest import Manifest
+from lsr_index.runtime.durable import atomic_write_bytes
+from lsr_index.runtime.progress import bar
+from lsr_index.writers import read_shard
 
 QUANTILES = (("p5", 0.05), ("p25", 0.25), ("median", 0.5), ("p75", 0.75), ("p95", 0.95))
 
@@ -83,7 +83,7 @@ def documents(directory: Path, ids: Sequence[str], top: int, progress: bool = Fa
 
 def queries(index: Path, texts: Sequence[str], top: int, model: str | None, device: str) -> list[dict]:
     """Each query's vector as `search` sends it to Lucene; `in_query` marks terms of its own tokens."""
-    from .search import encode_queries, load_query_encoder
+    from lsr_index.search import encode_queries, load_query_encoder
 
     encoder, quantization, manifest = load_query_encoder(index, model, device, "auto")
     numbered = [(str(i), text) for i, text in enumerate(texts)]
@@ -140,7 +140,7 @@ def _truncation(manifest: Manifest) -> dict:
 
 def _vocab_size(manifest: Manifest) -> int | None:
     """The model's vocabulary size from its config.json, without loading the model; None if unavailable."""
-    from .models import resolve_model
+    from lsr_index.model.load import resolve_model
 
     try:
         config = json.loads((resolve_model(manifest.model["name"]) / "config.json").read_text())
@@ -161,7 +161,7 @@ def require_matplotlib() -> None:
 def write_png(stats: CorpusStats, path: Path) -> None:
     """Histograms of nonzeros per document and of impacts, written atomically; never into an index or vectors
     directory (`--png vectors/manifest.json` once replaced the manifest it had just read)."""
-    from .search import inside_output
+    from lsr_index.search import inside_output
 
     if owner := inside_output(path):
         raise LsrIndexError(f"--png {path}: that is inside {owner}; write the picture elsewhere")

@@ -19,9 +19,9 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .durable import os_cause
-from .errors import LsrIndexError
-from .manifest import Manifest
+from lsr_index.errors import LsrIndexError
+from lsr_index.manifest import Manifest
+from lsr_index.runtime.durable import os_cause
 
 INDEX_MANIFEST = "lsr-index.json"
 _jvm_heap: str | None = None

@@ -12,10 +12,10 @@ import json
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path, PurePosixPath
 
-from .durable import atomic_write_bytes, os_cause
-from .errors import LsrIndexError
-from .quantize import Quantization
-from .settings import check
+from lsr_index.errors import LsrIndexError
+from lsr_index.quantize import Quantization
+from lsr_index.runtime.durable import atomic_write_bytes, os_cause
+from lsr_index.settings import check
 
 MANIFEST = "manifest.json"
 KIND = "lsr-index/vectors"

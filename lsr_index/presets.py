@@ -6,8 +6,8 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from .errors import LsrIndexError
-from .settings import RANGES, check_all
+from lsr_index.errors import LsrIndexError
+from lsr_index.settings import RANGES, check_all
 
 PRESET_KEYS = ("model", "doc_max_length", "query_max_length", "max_tokens", "shard_docs", "checkpoint_seconds",
                "output_format", "scale", "top_k", "min_weight", "dtype")

@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import LsrIndexError
-from .settings import DEFAULTS, check
+from lsr_index.errors import LsrIndexError
+from lsr_index.settings import DEFAULTS, check
 
 if TYPE_CHECKING:  # torch is imported where vectors are quantized: reading a manifest must not load it
     import torch

@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .durable import fsync_directory
-from .encode_corpus import Plan, planned
-from .encode_job import EncodeJob, Piece, pieces
-from .encode_shard import Assignment, Prefetch, ShardEncoder, WorkerResult, skipped_records
-from .errors import LsrIndexError
-from .manifest import Manifest, Shard
-from .progress import EncodeBar
-from .writers import SHARDS, attempt_dir, shard_file
+from lsr_index.encode_corpus import Plan, planned
+from lsr_index.encode_job import EncodeJob, Piece, pieces
+from lsr_index.encode_shard import Assignment, Prefetch, ShardEncoder, WorkerResult, skipped_records
+from lsr_index.errors import LsrIndexError
+from lsr_index.manifest import Manifest, Shard
+from lsr_index.runtime.durable import fsync_directory
+from lsr_index.runtime.progress import EncodeBar
+from lsr_index.writers import SHARDS, attempt_dir, shard_file
 
 INSTALL = "pip install 'lsr-index[ray]'"
 QUEUED_PER_ACTOR = 2  # one encoding, one whose documents are already on their way

@@ -8,15 +8,15 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from .durable import atomic_write_bytes, real_path
-from .encode_job import CHARS_PER_TOKEN
-from .errors import InputError, LsrIndexError
-from .ids import check_id
-from .lucene import INDEX_MANIFEST, ImpactSearcher, IndexGeneration, index_manifest
-from .manifest import Manifest, written_by_encode
-from .progress import bar, note
-from .quantize import Quantization, quantize
-from .topics import text_lines
+from lsr_index.encode_job import CHARS_PER_TOKEN
+from lsr_index.errors import InputError, LsrIndexError
+from lsr_index.inputs.ids import check_id
+from lsr_index.inputs.topics import text_lines
+from lsr_index.lucene import INDEX_MANIFEST, ImpactSearcher, IndexGeneration, index_manifest
+from lsr_index.manifest import Manifest, written_by_encode
+from lsr_index.quantize import Quantization, quantize
+from lsr_index.runtime.durable import atomic_write_bytes, real_path
+from lsr_index.runtime.progress import bar, note
 
 Run = dict[str, list[tuple[str, float]]]
 RUN_FORMATS = ("trec", "msmarco")
@@ -33,7 +33,7 @@ def query_encoder(manifest: Manifest, index: Path, model: str | None, device: st
     model other than the recorded one is refused."""
     import torch
 
-    from .query_models import encoder_for, load_query_model
+    from lsr_index.model.query import encoder_for, load_query_model
 
     recorded = manifest.query
     name = model or recorded["name"]

@@ -20,10 +20,10 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .children import PythonChild, send_message
-from .errors import LsrIndexError
-from .quantize import SparseVectors
-from .writers import serialize
+from lsr_index.errors import LsrIndexError
+from lsr_index.quantize import SparseVectors
+from lsr_index.runtime.children import PythonChild, send_message
+from lsr_index.writers import serialize
 
 
 class SerializerPool:

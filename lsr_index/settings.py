@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import LsrIndexError
+from lsr_index.errors import LsrIndexError
 
 FORMATS = ("jsonl", "jsonl.gz", "parquet")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -26,12 +26,12 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .durable import create_new, fsync_directory, os_cause
-from .errors import LsrIndexError
-from .manifest import MANIFEST, Manifest, Shard
-from .models import sha256_file
-from .quantize import SparseVectors
-from .settings import FORMATS
+from lsr_index.errors import LsrIndexError
+from lsr_index.manifest import MANIFEST, Manifest, Shard
+from lsr_index.model.load import sha256_file
+from lsr_index.quantize import SparseVectors
+from lsr_index.runtime.durable import create_new, fsync_directory, os_cause
+from lsr_index.settings import FORMATS
 
 SHARDS = "shards"
 _ATTEMPT = ".attempt-"

@@ -79,7 +79,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 @pytest.fixture(scope="session")
 def splade_tiny():
-    from lsr_index.models import load_model
+    from lsr_index.model.load import load_model
 
     return load_model("splade-tiny")
 

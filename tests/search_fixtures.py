@@ -32,10 +32,10 @@ def write_vectors(out: Path, model, docs: dict[str, dict[str, int]], scale: floa
 
 def query_terms(model, count: int) -> list[str]:
     """The `count` terms that the sample queries weigh most, in order: documents made of them match."""
-    from lsr_index.encoder import SpladeEncoder
+    from lsr_index.inputs.topics import read_queries
+    from lsr_index.model.encoder import SpladeEncoder
     from lsr_index.quantize import Quantization
     from lsr_index.search import encode_queries
-    from lsr_index.topics import read_queries
 
     totals: dict[str, int] = {}
     for _, vector in encode_queries(SpladeEncoder(model), Quantization(scale=100.0),

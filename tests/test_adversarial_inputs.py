@@ -11,9 +11,9 @@ import os
 import orjson
 import pytest
 
-from lsr_index.corpus import CorpusReader, Fields, FieldsError
 from lsr_index.errors import InputError
-from lsr_index.topics import read_qrels, read_queries
+from lsr_index.inputs.corpus import CorpusReader, Fields, FieldsError
+from lsr_index.inputs.topics import read_qrels, read_queries
 from tests.cli_runner import run_cli
 
 BOM = b"\xef\xbb\xbf"

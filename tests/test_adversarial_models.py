@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tiny_models import TEXTS, reference_weights, save_masked_lm
 
-from lsr_index.encoder import SpladeEncoder
 from lsr_index.errors import LsrIndexError
-from lsr_index.models import load_model, max_length
-from lsr_index.query_models import load_query_model
+from lsr_index.model.encoder import SpladeEncoder
+from lsr_index.model.load import load_model, max_length
+from lsr_index.model.query import load_query_model
 
 
 def edit_json(file, **changes) -> None:

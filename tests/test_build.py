@@ -57,8 +57,8 @@ def search(index: Path, queries: list[tuple[str, dict[str, int]]], hits: int = 1
 @pytest.fixture(scope="module")
 def sample_queries(splade_tiny, tmp_path_factory):
     """The sample encoded once per shard format; its 60 queries encoded as the index's records say."""
+    from lsr_index.inputs.topics import read_queries
     from lsr_index.search import encode_queries, load_query_encoder
-    from lsr_index.topics import read_queries
 
     work = tmp_path_factory.mktemp("sample")
     for fmt in ("jsonl.gz", "parquet"):

@@ -15,8 +15,8 @@ import time
 import pytest
 from procs import alive, wait_dead
 
-from lsr_index.children import PythonChild, end_with_stdin, send_message
 from lsr_index.errors import LsrIndexError
+from lsr_index.runtime.children import PythonChild, end_with_stdin, send_message
 
 
 def echo_main(out) -> None:
@@ -72,7 +72,7 @@ def test_terminate_kill_and_wait_behave_as_a_started_childs():
 KILLED_PARENT = textwrap.dedent("""
     import pickle, sys, time
     sys.path.insert(0, sys.argv[1])
-    from lsr_index.children import PythonChild
+    from lsr_index.runtime.children import PythonChild
     children = [PythonChild("test_children:echo_main", f"child {i}", fork=True) for i in range(2)]
     for child in children:
         pickle.dump(None, child.stdin)
@@ -137,7 +137,7 @@ def test_a_failed_fork_is_one_line_and_leaves_no_descriptor(monkeypatch):
 CTRL_C_AT_FORK = textwrap.dedent("""
     import os, pickle, signal, sys
     sys.path.insert(0, sys.argv[1])
-    from lsr_index.children import PythonChild
+    from lsr_index.runtime.children import PythonChild
     fork = os.fork
     def fork_then_ctrl_c():  # Ctrl-C reaching the new child at once, before it could ignore it
         pid = fork()
@@ -180,7 +180,7 @@ def test_an_entry_ending_with_a_bare_sys_exit_exits_0():
 AT_A_STEP = textwrap.dedent("""
     import gc, os, pickle, signal, sys
     sys.path.insert(0, sys.argv[1])
-    from lsr_index.children import PythonChild
+    from lsr_index.runtime.children import PythonChild
     step, parent = sys.argv[2], os.getpid()
     def in_the_parent(name, signum):  # a signal reaching the parent at one step of the fork
         real = getattr(os, name)
@@ -233,7 +233,7 @@ def test_an_interrupted_or_failed_start_leaves_no_child_no_descriptor_and_no_sig
 CTRL_Z_AT_FORK = textwrap.dedent("""
     import os, signal, sys, time
     sys.path.insert(0, sys.argv[1])
-    from lsr_index.children import PythonChild
+    from lsr_index.runtime.children import PythonChild
     fork = os.fork
     def fork_then_ctrl_z():  # Ctrl-Z reaching the new child before it left the terminal's group
         pid = fork()

@@ -17,9 +17,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lsr_index import corpus
-from lsr_index.corpus import SCHEMA, CorpusReader, Fields, Skipped
 from lsr_index.errors import InputError
+from lsr_index.inputs import corpus
+from lsr_index.inputs.corpus import SCHEMA, CorpusReader, Fields, Skipped
 
 # Ids that run files and index files can hold even though they look awkward (a zero-width space is Cf).
 ODD_IDS = ["plain", 'quote"d', "it's", "naïve-日本-🙂", "zero\u200bwidth", "a,b;c", "x" * 8000]
@@ -493,7 +493,7 @@ def test_reading_a_corpus_does_not_import_pandas(tmp_path):
     """pyarrow imports pandas at its first conversion of a Python list, wherever pandas is installed: 0.3 s on the
     path to an encode's first batch."""
     path = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "x"}, {"id": "b", "text": "é"}])
-    code = ("import sys; from lsr_index.corpus import CorpusReader; "
+    code = ("import sys; from lsr_index.inputs.corpus import CorpusReader; "
             f"assert [b.num_rows for b in CorpusReader({str(path)!r})] == [2]; print('pandas' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout == "False\n"

@@ -10,8 +10,8 @@ import tracemalloc
 import orjson
 import pytest
 
-from lsr_index.corpus import CorpusReader
 from lsr_index.errors import InputError
+from lsr_index.inputs.corpus import CorpusReader
 
 CODECS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lsr_index.corpus import CorpusReader
+from lsr_index.inputs.corpus import CorpusReader
 
 
 def write_jsonl(path: Path, docs: int, rng: np.random.Generator, first: int = 0) -> None:

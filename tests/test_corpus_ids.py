@@ -11,9 +11,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from lsr_index.corpus import CorpusReader, Fields
 from lsr_index.errors import InputError, LsrIndexError
-from lsr_index.ids import MAX_ID_BYTES, check_id
+from lsr_index.inputs.corpus import CorpusReader, Fields
+from lsr_index.inputs.ids import MAX_ID_BYTES, check_id
 
 # The cases: each would be written into a run file as more (or fewer) columns than it is.
 SPLIT_IDS = {

@@ -8,8 +8,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from lsr_index.corpus import CorpusReader
 from lsr_index.errors import InputError
+from lsr_index.inputs.corpus import CorpusReader
 
 TABLE = pa.table({"id": [f"d{i}" for i in range(10)], "text": [f"text {i}" for i in range(10)]})
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from lsr_index.corpus import CorpusReader
 from lsr_index.errors import InputError
+from lsr_index.inputs.corpus import CorpusReader
 
 COMPRESS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
 
@@ -130,7 +130,7 @@ def test_zstd_is_read_when_zstandard_is_installed(tmp_path):
 
 
 def test_zstd_without_zstandard_is_refused_naming_the_file_and_the_package(tmp_path, monkeypatch):
-    from lsr_index import decompress
+    from lsr_index.inputs import decompress
 
     monkeypatch.setattr(decompress, "zstandard", None)
     write(tmp_path / "a.jsonl", ["a"])
@@ -150,7 +150,8 @@ def make_loops(root: Path) -> Path:
 def test_a_double_star_pattern_over_symlink_loops_ends_and_reads_each_file_once(tmp_path):
     """A real process with a deadline: with two loops, the old glob ran for good."""
     d = make_loops(tmp_path)
-    code = "import sys; from lsr_index.corpus import CorpusReader as R; print([str(p) for p in R(sys.argv[1]).files])"
+    code = ("import sys; from lsr_index.inputs.corpus import CorpusReader as R; "
+            "print([str(p) for p in R(sys.argv[1]).files])")
     done = subprocess.run(
         [sys.executable, "-c", code, str(d / "**" / "*.jsonl")], capture_output=True, text=True, timeout=30
     )

@@ -95,7 +95,7 @@ PARENT = textwrap.dedent("""
     from pathlib import Path
     from lsr_index.encode_shard import _InputProcess, Assignment
     from lsr_index.encode_job import EncodeJob, EncodeOptions
-    from lsr_index.models import load_tokenizer
+    from lsr_index.model.load import load_tokenizer
 
     job = EncodeJob(inputs=(sys.argv[1],), options=EncodeOptions(shard_docs=64, progress=False))
     stream = _InputProcess(job, Assignment(), load_tokenizer("splade-tiny").backend_tokenizer.to_str())
@@ -124,7 +124,7 @@ def test_the_input_process_ends_with_a_killed_parent(tmp_path):
 
 def input_process(source: Path, shard_docs: int = 32) -> encode_shard._InputProcess:
     from lsr_index.encode_job import EncodeJob as Job
-    from lsr_index.models import load_tokenizer
+    from lsr_index.model.load import load_tokenizer
 
     job = Job(inputs=(str(source),), options=EncodeOptions(shard_docs=shard_docs, progress=False))
     return encode_shard._InputProcess(job, encode_shard.Assignment(),
@@ -170,8 +170,8 @@ def test_nothing_the_input_process_prints_or_finds_in_the_directory_disturbs_it(
 def test_a_tokenizer_with_python_parts_keeps_to_threads():
     from tokenizers import pre_tokenizers
 
-    from lsr_index.models import load_tokenizer
-    from lsr_index.tokens import TextTokenizer
+    from lsr_index.model.load import load_tokenizer
+    from lsr_index.model.tokens import TextTokenizer
 
     class Words:
         def pre_tokenize(self, pretok):
@@ -208,7 +208,7 @@ def test_a_child_that_cannot_start_is_one_line_and_leaks_no_descriptor(monkeypat
     import contextlib
     import os
 
-    from lsr_index.children import PythonChild
+    from lsr_index.runtime.children import PythonChild
 
     def open_descriptors() -> set[tuple[str, str]]:
         """(fd, target) pairs: compared as sets, since other tests' threads may close theirs meanwhile."""

@@ -20,10 +20,10 @@ from cli_runner import run_cli
 from procs import alive
 
 from lsr_index import encode_corpus as encode_module
-from lsr_index.corpus import CorpusReader
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.encode_job import input_digest
 from lsr_index.errors import LsrIndexError
+from lsr_index.inputs.corpus import CorpusReader
 from lsr_index.manifest import Manifest
 from lsr_index.quantize import Quantization
 from lsr_index.writers import read_shard

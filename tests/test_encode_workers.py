@@ -94,7 +94,7 @@ def test_workers_end_with_a_killed_parent(tmp_path):
 UNREADABLE_JOB = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from lsr_index.corpus import Fields
+    from lsr_index.inputs.corpus import Fields
     from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
     from lsr_index.errors import LsrIndexError
 

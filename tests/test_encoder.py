@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from lsr_index.encoder import SpladeEncoder, length_buckets
-from lsr_index.tokens import _restore
+from lsr_index.model.encoder import SpladeEncoder, length_buckets
+from lsr_index.model.tokens import _restore
 
 TEXTS = ["Alpha-synuclein aggregates in neurons of patients with Parkinson's disease.",
          "x",

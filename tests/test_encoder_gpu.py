@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from lsr_index.encoder import SpladeEncoder
 from lsr_index.manifest import Manifest
-from lsr_index.models import load_model
+from lsr_index.model.encoder import SpladeEncoder
+from lsr_index.model.load import load_model
 from lsr_index.quantize import Quantization, quantize
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -83,7 +83,7 @@ def test_staged_copies_arrive_whole_while_their_buffers_are_reused():
     whatever its dtype, shape or size (buffers grow), although the buffer it went through is refilled later."""
     import numpy as np
 
-    from lsr_index.encoder import _Staging
+    from lsr_index.model.encoder import _Staging
 
     rng = np.random.default_rng(11)
     staging, device, sent, got = _Staging(), torch.device("cuda"), [], []
@@ -135,7 +135,7 @@ def test_packed_families_on_cuda_equal_the_full_masked_lm(kind, tmp_path):
     transformers' own padded forward in float64, for documents of many lengths batched together."""
     from tiny_models import TEXTS, reference_weights, save_masked_lm
 
-    from lsr_index.packed_body import PACKED_FAMILIES
+    from lsr_index.model.packed import PACKED_FAMILIES
 
     assert kind in PACKED_FAMILIES
     path, mlm, tokenizer = save_masked_lm(kind, tmp_path, pickled=False, seed=3)

@@ -26,11 +26,11 @@ from cli_runner import run_cli
 from procs import alive, children, wait_dead
 
 from lsr_index import writers
-from lsr_index.durable import atomic_write_bytes, exclusive_lock
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.manifest import MANIFEST, Manifest
 from lsr_index.quantize import SparseVectors
+from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock
 from lsr_index.writers import ShardWriter, read_shard, verify_shards
 
 ROOT = Path(__file__).resolve().parents[1]

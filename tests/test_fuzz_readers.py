@@ -18,9 +18,9 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lsr_index.corpus import CorpusReader, Fields, check_id
 from lsr_index.errors import LsrIndexError
-from lsr_index.topics import read_qrels, read_queries
+from lsr_index.inputs.corpus import CorpusReader, Fields, check_id
+from lsr_index.inputs.topics import read_qrels, read_queries
 
 FUZZ = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

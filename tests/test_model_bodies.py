@@ -13,9 +13,9 @@ import torch
 from tiny_models import TEXTS, reference_weights, tokenizer_for
 from transformers import AutoConfig, AutoModelForMaskedLM, BertConfig, BertForMaskedLM
 
-from lsr_index.encoder import SpladeEncoder, length_buckets
 from lsr_index.errors import LsrIndexError
-from lsr_index.models import load_model
+from lsr_index.model.encoder import SpladeEncoder, length_buckets
+from lsr_index.model.load import load_model
 
 SIZES = {"vocab_size": None, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
          "intermediate_size": 48, "max_position_embeddings": 66}

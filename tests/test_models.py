@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.model_files import model_sha256, sha256_file
-from lsr_index.models import EMBEDDED, load_model, resolve_model
+from lsr_index.model.files import model_sha256, sha256_file
+from lsr_index.model.load import EMBEDDED, load_model, resolve_model
 
 
 def test_embedded_model_is_verified_and_cached(splade_tiny):
@@ -88,9 +88,9 @@ def test_a_closed_encoder_leaves_no_model_load_running(monkeypatch):
     beside the caller's next model load."""
     import time
 
-    from lsr_index import models as models_module
     from lsr_index.encode_job import EncodeJob, EncodeOptions
     from lsr_index.encode_shard import ShardEncoder
+    from lsr_index.model import load as models_module
 
     real, finished = models_module.load_model, []
 

@@ -22,11 +22,11 @@ os.environ["TRITON_INTERPRET"] = "1"
 from tiny_models import KINDS, TEXTS, config_for, reference_weights, save_masked_lm, sentence_transformers_dir
 
 import sparton
-from lsr_index import packed_body
-from lsr_index.encoder import SpladeEncoder, made_up_tokens
 from lsr_index.errors import LsrIndexError
-from lsr_index.models import load_model, max_length
-from lsr_index.packed_body import PACKED_FAMILIES
+from lsr_index.model import packed
+from lsr_index.model.encoder import SpladeEncoder, made_up_tokens
+from lsr_index.model.load import load_model, max_length
+from lsr_index.model.packed import PACKED_FAMILIES
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -66,16 +66,16 @@ def test_family_packed_body_equals_the_full_masked_lm(kind, tmp_path):
     path, mlm, tokenizer = save_masked_lm(kind, tmp_path, pickled=False, seed=2)
     model = load_model(str(path))
     assert not model.packed  # on CPU the body stays padded
-    packed_body.pack(model.body)
-    packed = dataclasses.replace(model, packed=True)
+    packed.pack(model.body)
+    packed_model = dataclasses.replace(model, packed=True)
     pad = tokenizer.pad_token  # a literal one in the text: RoBERTa's kind gives it the padding position
     texts = [*TEXTS, "protein binds " * 9, "cancer", "a gene of the older adults in a trial " * 3,
              f"a protein {pad} binds {pad}{pad} the receptor"]
     assert tokenizer.pad_token_id in tokenizer(texts[-1])["input_ids"]
-    got = SpladeEncoder(packed, max_tokens=64, backend="torch").encode(texts, max_length=24)
+    got = SpladeEncoder(packed_model, max_tokens=64, backend="torch").encode(texts, max_length=24)
     torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, texts, 24), rtol=1e-4, atol=1e-4)
     with pytest.raises(RuntimeError, match="without its documents' bounds"):
-        packed.body(input_ids=torch.tensor([[5, 6, 7]]))
+        packed_model.body(input_ids=torch.tensor([[5, 6, 7]]))
 
 
 def test_only_what_the_packed_attention_computes_is_packed():
@@ -90,12 +90,12 @@ def test_only_what_the_packed_attention_computes_is_packed():
         return AutoModelForMaskedLM.from_config(config)
 
     bert = body("bert")
-    assert packed_body.packs(bert, "cuda", torch.bfloat16) and packed_body.packs(bert, "cuda:1", torch.float16)
-    assert not packed_body.packs(bert, "cpu", torch.bfloat16) and not packed_body.packs(bert, "cuda", torch.float32)
-    assert all(packed_body.packs(body(kind), "cuda", torch.bfloat16) for kind in PACKED_FAMILIES)
-    assert "modernbert" not in PACKED_FAMILIES and not packed_body.packs(body("modernbert"), "cuda", torch.bfloat16)
-    assert not packed_body.packs(body("roberta", is_decoder=True), "cuda", torch.bfloat16)
-    assert not packed_body.packs(body("bert", hidden_size=36), "cuda", torch.bfloat16)  # 2 heads of 18
+    assert packed.packs(bert, "cuda", torch.bfloat16) and packed.packs(bert, "cuda:1", torch.float16)
+    assert not packed.packs(bert, "cpu", torch.bfloat16) and not packed.packs(bert, "cuda", torch.float32)
+    assert all(packed.packs(body(kind), "cuda", torch.bfloat16) for kind in PACKED_FAMILIES)
+    assert "modernbert" not in PACKED_FAMILIES and not packed.packs(body("modernbert"), "cuda", torch.bfloat16)
+    assert not packed.packs(body("roberta", is_decoder=True), "cuda", torch.bfloat16)
+    assert not packed.packs(body("bert", hidden_size=36), "cuda", torch.bfloat16)  # 2 heads of 18
 
 
 @pytest.mark.slow  # about 7 s each under the interpreter

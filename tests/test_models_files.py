@@ -14,8 +14,8 @@ import torch
 from cli_runner import run_cli
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.model_files import identity_files, model_sha256
-from lsr_index.models import load_model
+from lsr_index.model.files import identity_files, model_sha256
+from lsr_index.model.load import load_model
 
 
 @pytest.fixture
@@ -42,13 +42,13 @@ def test_identity_covers_tokenizer_and_config_not_readme(tiny_copy):
 
 
 def test_identity_is_hashed_once_per_process_and_a_same_size_edit_is_still_seen(tiny_copy, monkeypatch):
-    from lsr_index import model_files
+    from lsr_index.model import files
 
     reads = []
-    hash_file = model_files.sha256_file
-    monkeypatch.setattr(model_files, "sha256_file", lambda path: reads.append(path.name) or hash_file(path))
+    hash_file = files.sha256_file
+    monkeypatch.setattr(files, "sha256_file", lambda path: reads.append(path.name) or hash_file(path))
     later = type("Clock", (), {"time_ns": staticmethod(lambda: time.time_ns() + 3_000_000_000)})
-    monkeypatch.setattr(model_files, "time", later)  # the files are past the freshness window
+    monkeypatch.setattr(files, "time", later)  # the files are past the freshness window
     before = model_sha256(tiny_copy)
     hashed = len(reads)
     assert model_sha256(tiny_copy) == before and len(reads) == hashed  # a run asks twice: read once
@@ -59,7 +59,7 @@ def test_identity_is_hashed_once_per_process_and_a_same_size_edit_is_still_seen(
     with open(weights, "r+b") as f:
         f.write(data)
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    monkeypatch.setattr(model_files, "time", time)  # now: the edit is fresh, so its answer is not kept
+    monkeypatch.setattr(files, "time", time)  # now: the edit is fresh, so its answer is not kept
     changed = model_sha256(tiny_copy)
     assert changed != before
     assert model_sha256(tiny_copy) == changed
@@ -67,21 +67,21 @@ def test_identity_is_hashed_once_per_process_and_a_same_size_edit_is_still_seen(
 
 
 def test_identity_is_recorded_for_later_processes_until_a_file_changes(tiny_copy, tmp_path, monkeypatch):
-    from lsr_index import model_files
+    from lsr_index.model import files
 
     monkeypatch.setenv("LSR_INDEX_CACHE", str(tmp_path / "cache"))
     reads = []
-    hash_file = model_files.sha256_file
-    monkeypatch.setattr(model_files, "sha256_file", lambda path: reads.append(path.name) or hash_file(path))
+    hash_file = files.sha256_file
+    monkeypatch.setattr(files, "sha256_file", lambda path: reads.append(path.name) or hash_file(path))
 
     def new_process() -> str:
-        monkeypatch.setattr(model_files, "_kept", {})
+        monkeypatch.setattr(files, "_kept", {})
         return model_sha256(tiny_copy)
 
     fresh = new_process()
     assert not list((tmp_path / "cache").glob("identity/*"))  # files written just now are not recorded yet
     later = type("Clock", (), {"time_ns": staticmethod(lambda: time.time_ns() + 3_000_000_000)})
-    monkeypatch.setattr(model_files, "time", later)
+    monkeypatch.setattr(files, "time", later)
     assert new_process() == fresh
     hashed = len(reads)
     assert new_process() == fresh and len(reads) == hashed  # read from the record: no file read
@@ -92,7 +92,7 @@ def test_identity_is_recorded_for_later_processes_until_a_file_changes(tiny_copy
     with open(weights, "r+b") as f:
         f.write(data)
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    monkeypatch.setattr(model_files, "time", type("Clock", (), {"time_ns": staticmethod(
+    monkeypatch.setattr(files, "time", type("Clock", (), {"time_ns": staticmethod(
         lambda: time.time_ns() + 6_000_000_000)}))
     changed = new_process()
     assert changed != fresh and len(reads) > hashed
@@ -109,20 +109,20 @@ def test_identity_is_recorded_for_later_processes_until_a_file_changes(tiny_copy
 
 
 def test_the_tokenizer_is_read_once_per_process_until_its_files_change(tiny_copy, monkeypatch):
-    from lsr_index import model_files, models
+    from lsr_index.model import files, load
 
     later = type("Clock", (), {"time_ns": staticmethod(lambda: time.time_ns() + 3_000_000_000)})
-    monkeypatch.setattr(model_files, "time", later)
-    first = models.tokenizer_at(tiny_copy)
-    assert models.tokenizer_at(tiny_copy) is first  # the manifest's record, then the encoder: one read
-    terms, holes = models.tokenizer_terms(first)
+    monkeypatch.setattr(files, "time", later)
+    first = load.tokenizer_at(tiny_copy)
+    assert load.tokenizer_at(tiny_copy) is first  # the manifest's record, then the encoder: one read
+    terms, holes = load.tokenizer_terms(first)
     terms[0] = "changed by a caller"
-    assert models.tokenizer_terms(first) == ([*first.convert_ids_to_tokens(list(range(len(first))))], holes)
+    assert load.tokenizer_terms(first) == ([*first.convert_ids_to_tokens(list(range(len(first))))], holes)
     spec = json.loads((tiny_copy / "tokenizer.json").read_text())
     spec["model"]["vocab"]["zzz-new-term"] = len(spec["model"]["vocab"])
     (tiny_copy / "tokenizer.json").write_text(json.dumps(spec))
-    again = models.tokenizer_at(tiny_copy)
-    assert again is not first and models.tokenizer_terms(again)[0][-1] == "zzz-new-term"
+    again = load.tokenizer_at(tiny_copy)
+    assert again is not first and load.tokenizer_terms(again)[0][-1] == "zzz-new-term"
 
 
 def test_identity_covers_sentence_transformers_modules(tiny_copy):

@@ -10,9 +10,9 @@ from safetensors.torch import save_file
 from tiny_models import TEXTS, save_masked_lm, sentence_transformers_dir
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.model_files import model_sha256
-from lsr_index.models import SpladeModel, load_model
-from lsr_index.query_models import (
+from lsr_index.model.files import model_sha256
+from lsr_index.model.load import SpladeModel, load_model
+from lsr_index.model.query import (
     TokenWeightEncoder,
     TokenWeights,
     encoder_for,

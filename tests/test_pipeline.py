@@ -63,9 +63,9 @@ def test_manifest_records_what_was_made(built):
 
 @pytest.mark.lucene
 def test_lucene_topk_equals_exact_integer_dot_product(built, splade_tiny):
+    from lsr_index.inputs.topics import read_queries
     from lsr_index.lucene import ImpactSearcher
     from lsr_index.search import encode_queries, load_query_encoder
-    from lsr_index.topics import read_queries
 
     work, _, _ = built
     docs = vectors_of(work / "vectors")
@@ -129,9 +129,9 @@ def test_search_refuses_another_model(built, splade_tiny, tmp_path):
 def test_parquet_shards_build_the_same_index(built, splade_tiny, tmp_path):
     """The writers read Parquet shards directly: the index must search like the JSONL one."""
     from lsr_index.build import build_index
+    from lsr_index.inputs.topics import read_queries
     from lsr_index.lucene import ImpactSearcher
     from lsr_index.search import encode_queries, load_query_encoder
-    from lsr_index.topics import read_queries
 
     work, _, _ = built
     encode(SAMPLE / "corpus.jsonl", tmp_path / "vectors", shard_docs=150, output_format="parquet")

@@ -12,8 +12,8 @@ import pytest
 from lsr_index.build import build_index
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.evaluate import evaluate
+from lsr_index.inputs.topics import read_qrels, read_queries
 from lsr_index.search import search
-from lsr_index.topics import read_qrels, read_queries
 
 pytestmark = [pytest.mark.slow, pytest.mark.lucene]
 REFERENCE = {"nDCG@10": 0.6436, "RR@10": 0.6159, "R@100": 0.8930, "R@1000": 0.9733, "AP@1000": 0.6072}

@@ -10,7 +10,7 @@ import pytest
 from cli_runner import run_cli
 from search_fixtures import SAMPLE, build, query_terms, random_docs, write_vectors
 
-from lsr_index.topics import read_queries
+from lsr_index.inputs.topics import read_queries
 
 
 def lsr(*args: str):

@@ -11,8 +11,8 @@ from search_fixtures import SAMPLE, build, query_terms, random_docs, write_vecto
 
 from lsr_index import lucene
 from lsr_index.build import _publish, _remove_retired
+from lsr_index.inputs.topics import read_queries
 from lsr_index.search import search
-from lsr_index.topics import read_queries
 
 pytestmark = [pytest.mark.lucene, pytest.mark.slow]
 

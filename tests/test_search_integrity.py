@@ -10,9 +10,9 @@ from cli_runner import run_cli
 from search_fixtures import SAMPLE, build, query_terms, random_docs, write_vectors
 
 from lsr_index.errors import LsrIndexError
+from lsr_index.inputs.topics import read_queries
 from lsr_index.lucene import check_index
 from lsr_index.search import search
-from lsr_index.topics import read_queries
 
 pytestmark = [pytest.mark.lucene, pytest.mark.slow]
 

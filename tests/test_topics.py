@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from lsr_index.errors import InputError
-from lsr_index.topics import read_qrels, read_queries
+from lsr_index.inputs.topics import read_qrels, read_queries
 
 
 def write(path: Path, data: str | bytes) -> Path:

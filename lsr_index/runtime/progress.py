@@ -8,7 +8,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .corpus import CorpusReader
+    from lsr_index.inputs.corpus import CorpusReader
 
 
 def shown(enabled: bool) -> bool:

@@ -15,10 +15,10 @@ from typing import Any
 
 import orjson
 
-from lsr_index.decompress import CORRUPT, missing_module, open_decompressed
 from lsr_index.errors import InputError
-from lsr_index.ids import RepeatedField, check_id
-from lsr_index.sources import compression
+from lsr_index.inputs.decompress import CORRUPT, missing_module, open_decompressed
+from lsr_index.inputs.ids import RepeatedField, check_id
+from lsr_index.inputs.sources import compression
 
 _QID_KEYS = ("_id", "id", "qid")
 _QUERY_TEXT_KEYS = ("text", "query")

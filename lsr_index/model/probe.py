@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from .errors import LsrIndexError
+from lsr_index.errors import LsrIndexError
 
 PROBE_LENGTH = 8  # tokens of the longer made-up document
 

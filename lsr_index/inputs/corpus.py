@@ -22,10 +22,10 @@ import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from lsr_index.decompress import CORRUPT, open_decompressed
 from lsr_index.errors import InputError, LsrIndexError
-from lsr_index.ids import MAX_ID_BYTES, RepeatedField, check_id
-from lsr_index.sources import compression, describe, file_format, resolve
+from lsr_index.inputs.decompress import CORRUPT, open_decompressed
+from lsr_index.inputs.ids import MAX_ID_BYTES, RepeatedField, check_id
+from lsr_index.inputs.sources import compression, describe, file_format, resolve
 
 SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
 
@@ -106,7 +106,7 @@ class CorpusReader:
     Arrow IPC (.arrow/.feather/.ipc, file or stream format) and Parquet (.parquet) shards in constant memory.
 
     ``source`` is a file, a directory (its files, sorted by name), a glob pattern (``**`` recurses;
-    sorted), or a list of these, read in the order given; lsr_index.sources says which files a source
+    sorted), or a list of these, read in the order given; lsr_index.inputs.sources says which files a source
     names, and ``passed_over`` lists the directory entries its rules leave out (``exclude``: an output
     directory). Batches hold at most ``batch_size`` rows. Ids must pass ``check_id`` and be unique across all
     shards; each iteration starts afresh (``skipped`` and ``n_docs`` are reset). Memory is bounded by one

@@ -19,9 +19,9 @@ import unicodedata
 from collections.abc import Iterator
 from pathlib import Path
 
-from lsr_index.decompress import CODECS, missing_module
-from lsr_index.durable import real_path
 from lsr_index.errors import InputError
+from lsr_index.inputs.decompress import CODECS, missing_module
+from lsr_index.runtime.durable import real_path
 
 _JSONL = (".jsonl", ".ndjson", ".json")
 _TABLES = {".arrow": "Arrow IPC", ".feather": "Arrow IPC", ".ipc": "Arrow IPC", ".parquet": "Parquet"}

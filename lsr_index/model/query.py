@@ -17,13 +17,21 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from .encoder import SpladeEncoder
-from .errors import LsrIndexError
-from .model_files import model_sha256, sentence_transformers_layout
-from .models import EMBEDDED, SpladeModel, load_model, max_length, resolve_model, tokenizer_at, tokenizer_terms
+from lsr_index.errors import LsrIndexError
+from lsr_index.model.encoder import SpladeEncoder
+from lsr_index.model.files import model_sha256, sentence_transformers_layout
+from lsr_index.model.load import (
+    EMBEDDED,
+    SpladeModel,
+    load_model,
+    max_length,
+    resolve_model,
+    tokenizer_at,
+    tokenizer_terms,
+)
 
 if TYPE_CHECKING:
-    from .encode_job import EncodeJob
+    from lsr_index.encode_job import EncodeJob
 
 QUERY_TABLES = ("query_token_weights.txt", "idf.json")  # opensearch's two spellings of the same table
 

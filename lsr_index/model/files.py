@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from .durable import atomic_write_bytes
-from .errors import LsrIndexError
+from lsr_index.errors import LsrIndexError
+from lsr_index.runtime.durable import atomic_write_bytes
 
 T = TypeVar("T")
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import LsrIndexError
+from lsr_index.errors import LsrIndexError
 
 
 def _umask() -> int:

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .errors import LsrIndexError
-from .model_files import (
+from lsr_index.errors import LsrIndexError
+from lsr_index.model.files import (
     cache_root,
     identity_files,
     kept_per_process,
@@ -230,8 +230,8 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: to
     import torch
     from transformers.utils import logging as hf_logging
 
-    from . import packed_body
-    from .body_probe import padding_changes_tokens
+    from lsr_index.model import packed
+    from lsr_index.model.probe import padding_changes_tokens
 
     path = resolve_model(name_or_path)
     if name_or_path in EMBEDDED and sha256_file(path / WEIGHTS_FILE) != EMBEDDED[name_or_path].sha256:
@@ -249,9 +249,9 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: to
     bias = decoder.bias.detach().float() if decoder.bias is not None else torch.zeros(weight.shape[0])
     _replace_module(mlm, decoder, torch.nn.Identity())
     mlm = mlm.to(device).eval().requires_grad_(False)
-    packed = packed_body.packs(mlm, device, dtype or torch.float32)
+    packed = packed.packs(mlm, device, dtype or torch.float32)
     if packed:
-        packed_body.pack(mlm)
+        packed.pack(mlm)
     vocab, weight, bias = _align_vocab(mlm_dir, tokenizer, weight, bias)
     model = SpladeModel(name=name_or_path if name_or_path in EMBEDDED else str(path), path=path, sha256=sha,
                         tokenizer=tokenizer, body=mlm, weight=weight.to(device), vocab=vocab,

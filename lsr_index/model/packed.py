@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .tokens import Tokens
+from lsr_index.model.tokens import Tokens
 
 PACKED_FAMILIES = frozenset({"bert", "distilbert", "roberta", "xlm-roberta"})
 _POSITIONS_AFTER_PADDING = frozenset({"roberta", "xlm-roberta"})  # their positions start at padding_idx + 1
@@ -88,7 +88,7 @@ def _packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     """transformers' attention interface on one packed sequence: [1, heads, T, d] in, [1, T, heads, d] out."""
     cu_seqlens = kwargs.get("cu_seq_lens_q")
     if cu_seqlens is None:
-        raise RuntimeError("a packed model was called without its documents' bounds: use packed_body.forward")
+        raise RuntimeError("a packed model was called without its documents' bounds: use packed.forward")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, d]: the projections' own layout
     if q.is_cuda:
         from torch.nn.attention.varlen import varlen_attn

@@ -16,7 +16,7 @@ import time
 import traceback
 from typing import BinaryIO, NoReturn
 
-from .errors import LsrIndexError
+from lsr_index.errors import LsrIndexError
 
 
 def end_with_stdin() -> None:

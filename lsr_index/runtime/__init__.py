@@ -1,0 +1,1 @@
+"""What every stage runs on: durable files and locks, child processes, threads, progress on the terminal."""
