@@ -37,9 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 from lsr_index.build import available_cores, build_index  # noqa: E402
 from lsr_index.lucene import ImpactSearcher, anserini_jar, jvm  # noqa: E402
-from lsr_index.manifest import Manifest  # noqa: E402
-from lsr_index.quantize import SparseVectors  # noqa: E402
-from lsr_index.writers import read_shard, write_vectors  # noqa: E402
+from lsr_index.vectors.manifest import Manifest  # noqa: E402
+from lsr_index.vectors.quantize import SparseVectors  # noqa: E402
+from lsr_index.vectors.shards import read_shard, write_vectors  # noqa: E402
 
 
 def fit(vectors: Path) -> dict:

@@ -175,7 +175,7 @@ def run_lsr_model_only(model_dir: Path, texts: list[str], device: str, dtype, ma
     """lsr-index's encoder and quantizer alone on pre-tokenized text: the ceiling the I/O stages must feed."""
     from lsr_index.model.encoder import SpladeEncoder
     from lsr_index.model.load import load_model
-    from lsr_index.quantize import Quantization, quantize
+    from lsr_index.vectors.quantize import Quantization, quantize
 
     encoder = SpladeEncoder(load_model(str(model_dir), device=device, dtype=dtype), max_tokens=max_tokens)
     tokens = encoder.tokenize(texts, 256)

@@ -48,7 +48,7 @@ def main() -> None:
     from lsr_index.encode_shard import _expandable_cuda_memory
     from lsr_index.model.encoder import WARM_UP_SIZES, SpladeEncoder
     from lsr_index.model.load import load_model
-    from lsr_index.quantize import Quantization, quantize
+    from lsr_index.vectors.quantize import Quantization, quantize
 
     _expandable_cuda_memory()  # the allocator as the CLI sets it
     texts = [json.loads(line)["text"] for line in corpus.open()]

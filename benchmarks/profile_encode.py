@@ -30,7 +30,7 @@ from bench_encode import make_model, synthetic_corpus, words_from
 import sparton
 from lsr_index.model.encoder import SpladeEncoder, length_buckets
 from lsr_index.model.load import load_model, resolve_model
-from lsr_index.quantize import Quantization, quantize
+from lsr_index.vectors.quantize import Quantization, quantize
 
 
 def timer(device: torch.device) -> Callable[[Callable[[], object]], float]:

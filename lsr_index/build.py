@@ -26,10 +26,10 @@ from pathlib import Path
 from lsr_index.errors import LsrIndexError
 from lsr_index.impact_writer import MERGE, heap_mb, split
 from lsr_index.lucene import INDEX_MANIFEST, anserini_jar, check_index, count_docs, java_home
-from lsr_index.manifest import MANIFEST, Manifest
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
 from lsr_index.runtime.progress import bar, note
-from lsr_index.writers import json_vector_line, read_shard, verify_shards
+from lsr_index.vectors.manifest import MANIFEST, Manifest
+from lsr_index.vectors.shards import json_vector_line, read_shard, verify_shards
 
 BUILDERS = ("direct", "anserini")
 # Each writer has fixed costs (a JVM start, a final flush, its sub-index copied in) that a small share does not

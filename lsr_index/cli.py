@@ -191,8 +191,8 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
     from lsr_index.inputs.corpus import Fields
     from lsr_index.inputs.sources import resolve
-    from lsr_index.quantize import Quantization
     from lsr_index.runtime.durable import real_path
+    from lsr_index.vectors.quantize import Quantization
 
     terminate_as_interrupt()
 

@@ -27,11 +27,11 @@ from lsr_index.encode_job import EncodeJob, EncodeOptions, pieces
 from lsr_index.encode_shard import Assignment, WorkerResult
 from lsr_index.errors import LsrIndexError
 from lsr_index.executors import run_in_process, run_local_workers
-from lsr_index.manifest import MANIFEST, Chunk, Manifest, Part, Shard, written_by_encode
 from lsr_index.model.files import sha256_file
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, refuse_symlink
 from lsr_index.runtime.progress import EncodeBar
-from lsr_index.writers import SHARDS, is_attempt, is_claims, is_ours, is_temporary
+from lsr_index.vectors.manifest import MANIFEST, Chunk, Manifest, Part, Shard, written_by_encode
+from lsr_index.vectors.shards import SHARDS, is_attempt, is_claims, is_ours, is_temporary
 
 __all__ = ["EncodeJob", "EncodeOptions", "encode_corpus"]
 

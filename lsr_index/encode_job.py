@@ -17,9 +17,9 @@ import pyarrow as pa
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader, Fields
-from lsr_index.quantize import Quantization
 from lsr_index.runtime.durable import real_path
 from lsr_index.settings import DEFAULTS, DTYPE, MAX_TOKENS, check
+from lsr_index.vectors.quantize import Quantization
 
 # Characters kept per document: doc_max_length × this. A WordPiece token spans at most 100 characters (longer
 # words become one [UNK]: BERT's max_input_chars_per_word), and real text averages 4-6 per token in BERT, BPE and

@@ -31,13 +31,13 @@ import pyarrow as pa
 from lsr_index.encode_job import EncodeJob, Piece, digest_hex, input_digest, pieces
 from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader, string_array
-from lsr_index.manifest import Chunk, Part, Shard
 from lsr_index.model.tokens import TextTokenizer, Tokens
-from lsr_index.quantize import SparseVectors, quantize
 from lsr_index.runtime.children import PythonChild, end_with_stdin, send_message
 from lsr_index.runtime.durable import create_new
-from lsr_index.serializers import SerializerPool
-from lsr_index.writers import ShardWriter, blocks, check_vocab, chunk_file, concatenate, shard_file
+from lsr_index.vectors.manifest import Chunk, Part, Shard
+from lsr_index.vectors.quantize import SparseVectors, quantize
+from lsr_index.vectors.serializers import SerializerPool
+from lsr_index.vectors.shards import ShardWriter, blocks, check_vocab, chunk_file, concatenate, shard_file
 
 T = TypeVar("T")
 
@@ -53,7 +53,7 @@ class Assignment:
     chunks: dict[int, tuple[Chunk, ...]] = field(default_factory=dict)
     worker: int = 0
     workers: int = 1
-    claims: str | None = None  # the run's claims directory (writers.claims_dir), shared by its workers
+    claims: str | None = None  # the run's claims directory (shards.claims_dir), shared by its workers
 
     def mine(self, shard: int) -> bool:
         """Whether to encode `shard`: ask once per shard (a claim, when shared, is taken for good)."""
@@ -174,7 +174,7 @@ class _ShardSink:
     `checkpoint_seconds` and publishes it with its last piece.
 
     With a `pool` (its encoder's serializer processes), JSON/gzip serialization runs there, each piece's blocks
-    (writers.blocks) side by side: it is per-document Python work that would otherwise hold the GIL the encoder
+    (shards.blocks) side by side: it is per-document Python work that would otherwise hold the GIL the encoder
     needs. The writer thread appends their bytes in order.
     """
 
@@ -345,7 +345,7 @@ class ShardEncoder:
         """End the serializer processes (after a success they have no work left: `run` collects every result) and an
         input process that no run took, then wait for a model load still under way: transformers builds a model under
         process-wide settings (the default dtype, patched torch functions), so a load left running after a failed run
-        broke the caller's next model load (weights left on the meta device: models._BUILDING)."""
+        broke the caller's next model load (weights left on the meta device: model.load._BUILDING)."""
         if self.pool:
             self.pool.close()
         if self._input_child:

@@ -20,9 +20,9 @@ from typing import BinaryIO
 from lsr_index.encode_job import EncodeJob
 from lsr_index.encode_shard import Assignment, ShardEncoder, WorkerResult
 from lsr_index.errors import LsrIndexError
-from lsr_index.manifest import Part
 from lsr_index.runtime.children import PythonChild, end_with_stdin, send_message
-from lsr_index.writers import claims_dir
+from lsr_index.vectors.manifest import Part
+from lsr_index.vectors.shards import claims_dir
 
 
 def run_in_process(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,

@@ -87,7 +87,7 @@ _TO_TEXT = bytes.maketrans(b":,", _DELIMITER_BYTES + b" ")
 
 
 def _fast_doc(line: bytes) -> tuple[str, str] | None:
-    """(id, delimited text) cut straight out of a line as `writers.json_vector_line` writes it, or None.
+    """(id, delimited text) cut straight out of a line as `shards.json_vector_line` writes it, or None.
 
     Such a line is `{"id":"…","contents":"","vector":{"t":w,"t":w…}}`. Without a backslash no term holds a
     quote (JSON escapes it), so the vector's quotes are the terms' own: 2k - 1 after the first for k terms.

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.manifest import Manifest
 from lsr_index.runtime.durable import atomic_write_bytes
 from lsr_index.runtime.progress import bar
-from lsr_index.writers import read_shard
+from lsr_index.vectors.manifest import Manifest
+from lsr_index.vectors.shards import read_shard
 
 QUANTILES = (("p5", 0.05), ("p25", 0.25), ("median", 0.5), ("p75", 0.75), ("p95", 0.95))
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.manifest import Manifest
 from lsr_index.runtime.durable import os_cause
+from lsr_index.vectors.manifest import Manifest
 
 INDEX_MANIFEST = "lsr-index.json"
 _jvm_heap: str | None = None

@@ -37,10 +37,10 @@ from lsr_index.encode_corpus import Plan, planned
 from lsr_index.encode_job import EncodeJob, Piece, pieces
 from lsr_index.encode_shard import Assignment, Prefetch, ShardEncoder, WorkerResult, skipped_records
 from lsr_index.errors import LsrIndexError
-from lsr_index.manifest import Manifest, Shard
 from lsr_index.runtime.durable import fsync_directory
 from lsr_index.runtime.progress import EncodeBar
-from lsr_index.writers import SHARDS, attempt_dir, shard_file
+from lsr_index.vectors.manifest import Manifest, Shard
+from lsr_index.vectors.shards import SHARDS, attempt_dir, shard_file
 
 INSTALL = "pip install 'lsr-index[ray]'"
 QUEUED_PER_ACTOR = 2  # one encoding, one whose documents are already on their way

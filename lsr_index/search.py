@@ -13,10 +13,10 @@ from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.inputs.ids import check_id
 from lsr_index.inputs.topics import text_lines
 from lsr_index.lucene import INDEX_MANIFEST, ImpactSearcher, IndexGeneration, index_manifest
-from lsr_index.manifest import Manifest, written_by_encode
-from lsr_index.quantize import Quantization, quantize
 from lsr_index.runtime.durable import atomic_write_bytes, real_path
 from lsr_index.runtime.progress import bar, note
+from lsr_index.vectors.manifest import Manifest, written_by_encode
+from lsr_index.vectors.quantize import Quantization, quantize
 
 Run = dict[str, list[tuple[str, float]]]
 RUN_FORMATS = ("trec", "msmarco")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from lsr_index import writers
-from lsr_index.quantize import SparseVectors
+from lsr_index.vectors import shards
+from lsr_index.vectors.quantize import SparseVectors
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample"
@@ -24,7 +24,7 @@ def write_vectors(out: Path, model, docs: dict[str, dict[str, int]], scale: floa
     vectors = SparseVectors(np.cumsum([0] + [len(r) for r in rows]).astype(np.int64),
                             np.array([t for r in rows for t, _ in r], dtype=np.int32),
                             np.array([w for r in rows for _, w in r], dtype=np.int32))
-    writers.write_vectors(out, list(vocab), [[(list(docs), vectors)]],
+    shards.write_vectors(out, list(vocab), [[(list(docs), vectors)]],
                           model={"name": model.name, "sha256": model.sha256},
                           encoder={"query_max_length": query_max_length}, scale=scale)
     return out
@@ -34,8 +34,8 @@ def query_terms(model, count: int) -> list[str]:
     """The `count` terms that the sample queries weigh most, in order: documents made of them match."""
     from lsr_index.inputs.topics import read_queries
     from lsr_index.model.encoder import SpladeEncoder
-    from lsr_index.quantize import Quantization
     from lsr_index.search import encode_queries
+    from lsr_index.vectors.quantize import Quantization
 
     totals: dict[str, int] = {}
     for _, vector in encode_queries(SpladeEncoder(model), Quantization(scale=100.0),

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 from terminal import on_terminal
 
-from lsr_index import build, writers
+from lsr_index import build
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.impact_writer import DELIMITER, free_delimiter
-from lsr_index.manifest import Manifest
-from lsr_index.quantize import SparseVectors
+from lsr_index.vectors import shards
+from lsr_index.vectors.manifest import Manifest
+from lsr_index.vectors.quantize import SparseVectors
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 LSR = [sys.executable, "-m", "lsr_index", "--quiet"]
@@ -38,7 +39,7 @@ def write_vectors(out: Path, vocab: list[str], docs: list[tuple[str, dict[int, i
         weights = np.array([v[t] for _, v in chunk for t in sorted(v)], np.int32)
         yield [d for d, _ in chunk], SparseVectors(indptr.astype(np.int64), terms, weights)
 
-    return writers.write_vectors(out, vocab, (shard(docs[s:s + shard_docs]) for s in range(0, len(docs), shard_docs)),
+    return shards.write_vectors(out, vocab, (shard(docs[s:s + shard_docs]) for s in range(0, len(docs), shard_docs)),
                                  fmt, encoder={"query_max_length": 16})
 
 

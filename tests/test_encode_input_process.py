@@ -17,7 +17,7 @@ from procs import alive, children
 from lsr_index import encode_shard
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.errors import InputError, LsrIndexError
-from lsr_index.manifest import Manifest
+from lsr_index.vectors.manifest import Manifest
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
 

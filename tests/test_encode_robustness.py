@@ -24,9 +24,9 @@ from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.encode_job import input_digest
 from lsr_index.errors import LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader
-from lsr_index.manifest import Manifest
-from lsr_index.quantize import Quantization
-from lsr_index.writers import read_shard
+from lsr_index.vectors.manifest import Manifest
+from lsr_index.vectors.quantize import Quantization
+from lsr_index.vectors.shards import read_shard
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
 ROOT = Path(__file__).resolve().parents[1]
@@ -430,13 +430,13 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
     import numpy as np
     import pyarrow as pa
 
-    from lsr_index import writers
     from lsr_index.encode_job import Piece
     from lsr_index.encode_shard import Assignment, _ShardSink, _Stats
-    from lsr_index.quantize import SparseVectors
-    from lsr_index.serializers import SerializerPool
+    from lsr_index.vectors import shards
+    from lsr_index.vectors.quantize import SparseVectors
+    from lsr_index.vectors.serializers import SerializerPool
 
-    monkeypatch.setattr(writers, "SERIALIZE_DOCS", 5)  # pieces of 7, 1 and 12 documents: 2 + 1 + 3 blocks
+    monkeypatch.setattr(shards, "SERIALIZE_DOCS", 5)  # pieces of 7, 1 and 12 documents: 2 + 1 + 3 blocks
     rng = np.random.default_rng(seed)
     vocab = np.array([f"t{i}" for i in range(497)] + ["über", "日本", "##ß"], dtype=object)
     chunks = []
@@ -506,9 +506,9 @@ def test_a_serializer_that_dies_fails_its_work_with_one_line_instead_of_hanging(
     the live processes, or fails at once when none is left; nothing waits forever for an answer."""
     import numpy as np
 
-    from lsr_index.quantize import SparseVectors
-    from lsr_index.serializers import SerializerPool
-    from lsr_index.writers import json_vector_line
+    from lsr_index.vectors.quantize import SparseVectors
+    from lsr_index.vectors.serializers import SerializerPool
+    from lsr_index.vectors.shards import json_vector_line
 
     one = SparseVectors(np.array([0, 1]), np.array([1], np.int32), np.array([5], np.int32))
     pool = SerializerPool(2, ["a", "b"])
@@ -536,9 +536,9 @@ def test_work_that_cannot_be_sent_fails_alone_and_a_stopped_serializer_does_not_
     next ones in order. A stopped process (SIGSTOP) with a large request half written: close() still returns."""
     import numpy as np
 
-    from lsr_index.quantize import SparseVectors
-    from lsr_index.serializers import SerializerPool
-    from lsr_index.writers import json_vector_line
+    from lsr_index.vectors.quantize import SparseVectors
+    from lsr_index.vectors.serializers import SerializerPool
+    from lsr_index.vectors.shards import json_vector_line
 
     one = SparseVectors(np.array([0, 1]), np.array([1], np.int32), np.array([5], np.int32))
     pool = SerializerPool(1, ["a", "b"])
@@ -565,9 +565,9 @@ def test_work_that_cannot_be_sent_fails_alone_and_a_stopped_serializer_does_not_
 
 SERIALIZERS_PARENT = textwrap.dedent("""
     import time
-    from lsr_index.quantize import SparseVectors
-    from lsr_index.serializers import SerializerPool
-    from lsr_index.writers import json_vector_line
+    from lsr_index.vectors.quantize import SparseVectors
+    from lsr_index.vectors.serializers import SerializerPool
+    from lsr_index.vectors.shards import json_vector_line
     import numpy as np
     pool = SerializerPool(2, [f"t{i}" for i in range(30000)])
     one = SparseVectors(np.array([0, 1]), np.array([7], np.int32), np.array([3], np.int32))

@@ -145,7 +145,7 @@ FORKED = textwrap.dedent("""
 def test_forked_workers_write_what_started_ones_write(tmp_path):
     """The fork path GPU workers take, run on CPU: the same shards, byte for byte, as workers started afresh; each
     fork made while this process runs no other thread (the relays start once all are forked)."""
-    from lsr_index.manifest import Manifest
+    from lsr_index.vectors.manifest import Manifest
 
     shards = {}
     for how in ("fork", "new interpreter"):
@@ -200,7 +200,7 @@ def _recorded_shards(out: Path) -> int:
 def test_ctrl_c_ends_forked_workers_and_the_rerun_writes_an_uninterrupted_runs_bytes(tmp_path):
     """Ctrl-C as a terminal sends it, to the foreground group: forked workers are in groups of their own, and the
     parent ends them; what they recorded is kept, and the rerun completes it."""
-    from lsr_index.manifest import Manifest
+    from lsr_index.vectors.manifest import Manifest
 
     lines = SAMPLE.read_text().splitlines()
     corpus = tmp_path / "c.jsonl"  # 3,200 documents: 16 shards
@@ -284,7 +284,7 @@ def test_a_slower_worker_takes_fewer_shards_and_the_bytes_stay_one_workers(tmp_p
     """Shards go to the worker whose reader reaches them first: a fixed split (k mod W) gave each of two workers 16
     of 32 shards, so the faster waited for the slower; here it took 20 in a run measured while writing this."""
     from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
-    from lsr_index.manifest import Manifest
+    from lsr_index.vectors.manifest import Manifest
 
     lines = SAMPLE.read_text().splitlines()
     corpus = tmp_path / "c.jsonl"  # 3,200 documents: 32 shards

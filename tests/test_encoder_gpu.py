@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from lsr_index.manifest import Manifest
 from lsr_index.model.encoder import SpladeEncoder
 from lsr_index.model.load import load_model
-from lsr_index.quantize import Quantization, quantize
+from lsr_index.vectors.manifest import Manifest
+from lsr_index.vectors.quantize import Quantization, quantize
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 
@@ -116,7 +116,7 @@ def test_two_workers_on_one_gpu_write_what_one_writes(tmp_path):
 
 def assert_same_shards(dir_a: Path, a: Manifest, dir_b: Path, b: Manifest) -> None:
     """The same shards document for document; terms agree but where a weight sits at a rounding boundary."""
-    from lsr_index.writers import read_shard
+    from lsr_index.vectors.shards import read_shard
 
     assert [(s.file, s.start, s.docs) for s in b.shards] == [(s.file, s.start, s.docs) for s in a.shards]
     same = total = 0

@@ -25,13 +25,13 @@ import pytest
 from cli_runner import run_cli
 from procs import alive, children, wait_dead
 
-from lsr_index import writers
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.errors import LsrIndexError
-from lsr_index.manifest import MANIFEST, Manifest
-from lsr_index.quantize import SparseVectors
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock
-from lsr_index.writers import ShardWriter, read_shard, verify_shards
+from lsr_index.vectors import shards
+from lsr_index.vectors.manifest import MANIFEST, Manifest
+from lsr_index.vectors.quantize import SparseVectors
+from lsr_index.vectors.shards import ShardWriter, read_shard, verify_shards
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "data" / "sample" / "corpus.jsonl"
@@ -54,7 +54,7 @@ def synthetic_vectors(out: Path, docs: int, terms: int = 20, max_impact: int = 6
             np.arange(n + 1, dtype=np.int64) * terms, chosen.astype(np.int32).ravel(),
             rng.integers(1, max_impact, n * terms, dtype=np.int32))
 
-    return writers.write_vectors(out, vocab, (shard(s, min(shard_docs, docs - s)) for s in range(0, docs, shard_docs)),
+    return shards.write_vectors(out, vocab, (shard(s, min(shard_docs, docs - s)) for s in range(0, docs, shard_docs)),
                                  fmt, encoder={"doc_max_length": 32, "query_max_length": 16})
 
 
@@ -306,7 +306,7 @@ def test_shard_writer_on_a_full_disk_leaves_nothing(tmp_path, monkeypatch, fmt):
     size = path.stat().st_size
     path.unlink()
     for free in sorted({0, 1, size // 3, size // 2, size - 20, size - 1}):
-        monkeypatch.setattr(writers, "open", full_disk_open(free), raising=False)
+        monkeypatch.setattr(shards, "open", full_disk_open(free), raising=False)
         with pytest.raises(LsrIndexError, match=rf"{path.name}: cannot write the shard: No space left on device "
                                                  r"\[ENOSPC\]; the partial shard was removed"):
             write_shard()

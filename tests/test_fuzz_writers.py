@@ -21,8 +21,8 @@ from hypothesis.extra.numpy import arrays
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.impact_writer import DELIMITER, _fast_doc, _joined
-from lsr_index.quantize import Quantization, SparseVectors, quantize
-from lsr_index.writers import FORMATS, ShardWriter, json_vector_line, read_shard
+from lsr_index.vectors.quantize import Quantization, SparseVectors, quantize
+from lsr_index.vectors.shards import FORMATS, ShardWriter, json_vector_line, read_shard
 
 # FUZZ_EXAMPLES=2000 for a long local run; CI keeps it short
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 60)), deadline=None,
@@ -209,8 +209,8 @@ def test_an_empty_gzip_shard_is_still_a_gzip_file(tmp_path):
 
     import numpy as np
 
-    from lsr_index.quantize import SparseVectors
-    from lsr_index.writers import ShardWriter
+    from lsr_index.vectors.quantize import SparseVectors
+    from lsr_index.vectors.shards import ShardWriter
 
     writer = ShardWriter(tmp_path / "part-00000.jsonl.gz", "jsonl.gz", np.array(["a"], dtype=object))
     writer.add([], SparseVectors(np.zeros(1, np.int64), np.zeros(0, np.int32), np.zeros(0, np.int32)))

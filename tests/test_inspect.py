@@ -19,8 +19,8 @@ from click.testing import CliRunner
 
 from lsr_index.cli import main
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
-from lsr_index.manifest import Manifest
-from lsr_index.writers import read_shard
+from lsr_index.vectors.manifest import Manifest
+from lsr_index.vectors.shards import read_shard
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 LSR = [sys.executable, "-m", "lsr_index"]

@@ -137,7 +137,7 @@ def _manifest(**query_model) -> dict:
 
 
 def test_the_manifest_reads_its_query_model_or_defaults_to_the_document_model():
-    from lsr_index.manifest import Manifest
+    from lsr_index.vectors.manifest import Manifest
 
     assert Manifest.from_dict(_manifest(), "m.json").query == {"name": "m", "sha256": "0" * 64}
     record = {"name": "q", "sha256": "1" * 64, "kind": "token_weights", "vocab_sha256": "2" * 64}

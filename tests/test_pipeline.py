@@ -16,8 +16,8 @@ from terminal import on_terminal
 
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
 from lsr_index.errors import LsrIndexError
-from lsr_index.manifest import Manifest
-from lsr_index.writers import read_shard
+from lsr_index.vectors.manifest import Manifest
+from lsr_index.vectors.shards import read_shard
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 

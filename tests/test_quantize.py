@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from lsr_index.quantize import Quantization, SparseVectors, quantize
+from lsr_index.vectors.quantize import Quantization, SparseVectors, quantize
 
 
 def _reference(w: np.ndarray, q: Quantization) -> list[dict[int, int]]:

@@ -19,10 +19,10 @@ import torch
 from cli_runner import run_cli
 from tiny_models import WORDS, reference_weights, save_masked_lm
 
-from lsr_index.manifest import Manifest
 from lsr_index.model.files import model_sha256
 from lsr_index.search import encode_queries, load_query_encoder, read_run
-from lsr_index.writers import read_shard
+from lsr_index.vectors.manifest import Manifest
+from lsr_index.vectors.shards import read_shard
 
 # The CLI, reporting at exit which modules of transformers' model classes the process imported (stderr's last line;
 # modeling_auto, the name → class table that the tokenizer loader imports, defines none)

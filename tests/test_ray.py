@@ -17,7 +17,7 @@ import pytest
 from cli_runner import run_cli
 from procs import children, stat
 
-from lsr_index.writers import read_shard
+from lsr_index.vectors.shards import read_shard
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
 # loopback only: Ray would otherwise bind to this host's outward address; no usage reports

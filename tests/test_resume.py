@@ -140,7 +140,7 @@ def test_each_shard_is_cut_the_same_way_whoever_reads_it_and_a_resume_reads_exac
 
     from lsr_index.encode_job import EncodeJob, EncodeOptions, pieces
     from lsr_index.encode_shard import Assignment, read_pieces
-    from lsr_index.manifest import Chunk
+    from lsr_index.vectors.manifest import Chunk
 
     job = EncodeJob(inputs=("unused",), options=EncodeOptions(max_tokens=4096))  # a window of 256 documents
     w = job.window

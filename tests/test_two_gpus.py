@@ -15,9 +15,9 @@ from test_encoder_gpu import assert_same_shards
 
 import sparton
 from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
-from lsr_index.manifest import Manifest
 from lsr_index.model.encoder import SpladeEncoder
 from lsr_index.model.load import load_model
+from lsr_index.vectors.manifest import Manifest
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,

@@ -1,5 +1,5 @@
 """Texts → SPLADE weights: tokenize, bucket by length under a token budget, run the body (on packed documents where
-the family allows it: packed_body), pool with the head.
+the family allows it: model.packed), pool with the head.
 
 The head is `sparton.splade_max_packed`: the fused Triton kernel on CUDA, a vocabulary-chunked PyTorch
 path on CPU. Only real tokens are packed into it, so padding costs nothing in the LM head (the
@@ -33,7 +33,7 @@ def _identity(weights: torch.Tensor) -> torch.Tensor:
 
 def made_up_tokens(size: int, max_length: int, body: torch.nn.Module) -> Tokens:
     """`size` tokens in documents of up to 128 tokens, no longer than max_length or the body's positions allow (the
-    last one shorter), with body_probe.made_up_ids."""
+    last one shorter), with probe.made_up_ids."""
     if size < 1:
         raise ValueError(f"a warm-up batch needs at least one token, not {size}")
     positions = getattr(body.config, "max_position_embeddings", None)

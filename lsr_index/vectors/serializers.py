@@ -21,9 +21,9 @@ from typing import BinaryIO
 import numpy as np
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.quantize import SparseVectors
 from lsr_index.runtime.children import PythonChild, send_message
-from lsr_index.writers import serialize
+from lsr_index.vectors.quantize import SparseVectors
+from lsr_index.vectors.shards import serialize
 
 
 class SerializerPool:
@@ -31,7 +31,7 @@ class SerializerPool:
     encoded). `submit` never blocks: each process has a sender thread, and the least loaded one gets the request."""
 
     def __init__(self, workers: int, vocab: Sequence[str]):
-        blob = "\n".join(vocab).encode()  # no term holds whitespace (writers.check_vocab); bytes pickle as one copy
+        blob = "\n".join(vocab).encode()  # no term holds whitespace (shards.check_vocab); bytes pickle as one copy
         self._lock = threading.Lock()
         self._children: list[PythonChild] = []
         self._waiting: list[collections.deque[Future]] = []  # per process, its requests not answered yet
@@ -39,7 +39,8 @@ class SerializerPool:
         self._ended: dict[int, str] = {}  # process k ended early: why
         try:
             for k in range(workers):
-                self._children.append(PythonChild("lsr_index.serializers:serializer_main", "a serializer process"))
+                child = PythonChild("lsr_index.vectors.serializers:serializer_main", "a serializer process")
+                self._children.append(child)
                 self._waiting.append(collections.deque())
                 self._requests.append(queue.SimpleQueue())
                 self._requests[k].put(blob)
@@ -51,7 +52,7 @@ class SerializerPool:
             raise
 
     def submit(self, ids: Sequence[str], vectors: SparseVectors, fmt: str) -> Future:
-        """The bytes of writers.serialize(ids, vectors, vocab, fmt), made in a serializer process."""
+        """The bytes of shards.serialize(ids, vectors, vocab, fmt), made in a serializer process."""
         future: Future = Future()
         with self._lock:
             live = [k for k in range(len(self._children)) if k not in self._ended]

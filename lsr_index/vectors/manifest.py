@@ -13,9 +13,9 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path, PurePosixPath
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.quantize import Quantization
 from lsr_index.runtime.durable import atomic_write_bytes, os_cause
 from lsr_index.settings import check
+from lsr_index.vectors.quantize import Quantization
 
 MANIFEST = "manifest.json"
 KIND = "lsr-index/vectors"

@@ -27,11 +27,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.manifest import MANIFEST, Manifest, Shard
 from lsr_index.model.load import sha256_file
-from lsr_index.quantize import SparseVectors
 from lsr_index.runtime.durable import create_new, fsync_directory, os_cause
 from lsr_index.settings import FORMATS
+from lsr_index.vectors.manifest import MANIFEST, Manifest, Shard
+from lsr_index.vectors.quantize import SparseVectors
 
 SHARDS = "shards"
 _ATTEMPT = ".attempt-"
