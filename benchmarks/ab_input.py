@@ -1,10 +1,10 @@
-"""A GPU task's input in threads against in a process of its own (encode_shard._InputProcess), alternated in one
+"""A GPU task's input in threads against in a process of its own (feed.InputProcess), alternated in one
 process on one host: XLM-R base 32k and BERT-base 131k synthetic documents, file → shards, a warm run of each first;
 then the 1M-document stream once each. Prints start-up (model load apart) and the rate after it for each run.
 
     python benchmarks/ab_input.py --tokenizer DIR [--rounds 4]
 
-The variant is chosen through encode_shard._reads_in_a_process, the one switch between the two paths.
+The variant is chosen through task.reads_in_a_process, the one switch between the two paths.
 """
 
 import argparse
@@ -14,9 +14,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_encode import make_model, run_lsr_index, synthetic_corpus, words_from
 
-from lsr_index import encode_shard
+from lsr_index.encode import task
 
-VARIANTS = (("threads", lambda device: False), ("process", encode_shard._reads_in_a_process))
+VARIANTS = (("threads", lambda device: False), ("process", task.reads_in_a_process))
 
 
 def show(label: str, variant: str, name: str, r: dict) -> None:
@@ -42,17 +42,17 @@ def main() -> None:
     runs = (("xlmr-base", "xlmr.jsonl"), ("bert-base", "bert.jsonl"))
     for name, corpus in runs:  # warm: Triton's compile and autotune caches, cuDNN and cuBLAS
         for _, rule in VARIANTS:
-            encode_shard._reads_in_a_process = rule
+            task.reads_in_a_process = rule
             run_lsr_index(work / name, work / corpus, work / "warm", (device,), "bfloat16", 131072)
     for rnd in range(args.rounds):
         for variant, rule in VARIANTS if rnd % 2 == 0 else VARIANTS[::-1]:
-            encode_shard._reads_in_a_process = rule
+            task.reads_in_a_process = rule
             for name, corpus in runs:
                 show(str(rnd), variant, name,
                      run_lsr_index(work / name, work / corpus, work / "out", (device,), "bfloat16", 131072))
     synthetic_corpus(work / "million.jsonl", 1_000_000, words, seed=2)
     for variant, rule in VARIANTS:
-        encode_shard._reads_in_a_process = rule
+        task.reads_in_a_process = rule
         show("1M", variant, "bert-base",
              run_lsr_index(work / "bert-base", work / "million.jsonl", work / "out", (device,), "bfloat16", 131072))
 

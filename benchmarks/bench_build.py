@@ -113,7 +113,8 @@ def main() -> None:
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     if args.fit is None:
-        from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+        from lsr_index.encode.job import EncodeJob, EncodeOptions
+        from lsr_index.encode.plan import encode_corpus
 
         args.fit = args.work / "sample-vectors"
         encode_corpus(EncodeJob(inputs=(str(ROOT / "data/sample/corpus.jsonl"),), model="splade-tiny",

@@ -225,7 +225,8 @@ def shards_filesystem(path: Path) -> str:
 
 def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, ...], dtype: str,
                   max_tokens: int, track_memory: bool = False) -> dict:
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
 
     job = EncodeJob(inputs=(str(corpus),), model=str(model_dir), dtype=dtype,
                     options=EncodeOptions(max_tokens=max_tokens, shard_docs=32768, overwrite=True, progress=False))
@@ -272,7 +273,7 @@ def run_lsr_index_fresh(model_dir: Path, corpus: Path, out: Path, devices: tuple
                         max_tokens: int) -> dict:
     """run_lsr_index in a new process, as a user's run is: one that has imported lsr-index and its model's code (as
     the CLI has when it starts encoding; this one had for the rows above) and not used CUDA, so that the workers of
-    several GPUs start as its forks (lsr_index.executors._forks_workers). One GPU runs the same way, side by side."""
+    several GPUs start as its forks (lsr_index.encode.local._forks_workers). One GPU runs the same way, side by side."""
     import subprocess
 
     args = {"model_dir": str(model_dir), "corpus": str(corpus), "out": str(out), "devices": list(devices),
@@ -307,7 +308,7 @@ def main() -> None:
     if args.tokenizer is None:
         parser.error("--tokenizer is required to measure")
     sections = set(args.sections.split(","))
-    from lsr_index.encode_shard import _expandable_cuda_memory
+    from lsr_index.encode.task import _expandable_cuda_memory
 
     # before any CUDA memory is used: every system here then runs with the allocator an lsr-index run sets for itself
     _expandable_cuda_memory()

@@ -45,7 +45,7 @@ def main() -> None:
     if not corpus.exists() or not (model / "config.json").exists():
         parser.error(f"no model or corpus under {args.work}: run with --make first")
     import sparton
-    from lsr_index.encode_shard import _expandable_cuda_memory
+    from lsr_index.encode.task import _expandable_cuda_memory
     from lsr_index.model.encoder import WARM_UP_SIZES, SpladeEncoder
     from lsr_index.model.load import load_model
     from lsr_index.vectors.quantize import Quantization, quantize

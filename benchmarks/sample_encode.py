@@ -128,7 +128,8 @@ def sample_synthetic(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from bench_encode import make_model, synthetic_corpus, words_from
 
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
 
     if args.tokenizer is None:
         sys.exit("--tokenizer is required without --cli")

@@ -188,7 +188,8 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
 
     A rerun with the same inputs and settings encodes only the shards not yet complete.
     """
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
     from lsr_index.inputs.corpus import Fields
     from lsr_index.inputs.sources import resolve
     from lsr_index.runtime.durable import real_path
@@ -207,7 +208,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     value = lambda key: options[key] if options.get(key) is not None else chosen.get(key, DEFAULTS[key])
     cluster = None
     if options["ray_address"] is not None:  # the cluster's devices replace --device
-        from lsr_index.ray_executor import RayCluster
+        from lsr_index.encode.cluster import RayCluster
 
         cluster = RayCluster(options["ray_address"], options["ray_cpus"])
     devices = cluster.devices if cluster else _devices(options["device"])

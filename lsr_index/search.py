@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from lsr_index.encode_job import CHARS_PER_TOKEN
+from lsr_index.encode.job import CHARS_PER_TOKEN
 from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.inputs.ids import check_id
 from lsr_index.inputs.topics import text_lines

@@ -16,7 +16,8 @@ import pytest
 from terminal import on_terminal
 
 from lsr_index import build
-from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+from lsr_index.encode.job import EncodeJob, EncodeOptions
+from lsr_index.encode.plan import encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.impact_writer import DELIMITER, free_delimiter
 from lsr_index.vectors import shards

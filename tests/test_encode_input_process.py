@@ -1,4 +1,4 @@
-"""The input process (encode_shard._InputProcess): beside a GPU a task reads and tokenizes in a process of its own.
+"""The input process (feed.InputProcess): beside a GPU a task reads and tokenizes in a process of its own.
 Here it is forced on the CPU, and held to the threads' results: the same bytes, counts, errors and resumes, and no
 process left behind whatever ends the run."""
 
@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 from procs import alive, children
 
-from lsr_index import encode_shard
-from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+from lsr_index.encode import feed, sink, task
+from lsr_index.encode.job import Assignment, EncodeJob, EncodeOptions
+from lsr_index.encode.plan import encode_corpus
 from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.vectors.manifest import Manifest
 
@@ -23,7 +24,7 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl
 
 
 def encode(source: Path, out: Path, process: bool, monkeypatch, on_error: str = "fail", **options) -> Manifest:
-    monkeypatch.setattr(encode_shard, "_reads_in_a_process", lambda device: process)
+    monkeypatch.setattr(task, "reads_in_a_process", lambda device: process)
     options = {"doc_max_length": 32, "shard_docs": 150, "progress": False, "output_format": "jsonl", **options}
     return encode_corpus(EncodeJob(inputs=(str(source),), on_error=on_error, options=EncodeOptions(**options)), out)
 
@@ -65,24 +66,24 @@ def test_a_bad_record_read_in_the_input_process_is_one_line_naming_file_and_line
 def test_a_resumed_run_reads_its_checkpoints_in_the_input_process(tmp_path, monkeypatch, stop_at, resume_at):
     """A checkpointed shard (chunks on disk) is finished by a later run reading in the input process: the same
     bytes as one uninterrupted run. The reader's batches hold 256 documents here (the window), and the task's first
-    ones are cut finer (encode_shard._Ramp: 32, 48, 72, 104, then 108, 148), so a checkpoint can end inside a batch
+    ones are cut finer (feed._Ramp: 32, 48, 72, 104, then 108, 148), so a checkpoint can end inside a batch
     (364), which the rerun's reader must split the same way."""
     source = tmp_path / "c.jsonl"
     source.write_text("".join(json.dumps({"id": f"d{i}", "text": f"passage {i} about {i % 23}"}) + "\n"
                               for i in range(900)))
     whole = encode(source, tmp_path / "whole", False, monkeypatch, shard_docs=600, max_tokens=4096)
     out = tmp_path / "resumed"
-    real_record = encode_shard._ShardSink._write
+    real_record = sink.ShardSink._write
 
     def stop_after_first_chunk(self, shards, shard, start, *rest):
         if start >= stop_at:
             raise KeyboardInterrupt
         return real_record(self, shards, shard, start, *rest)
 
-    monkeypatch.setattr(encode_shard._ShardSink, "_write", stop_after_first_chunk)
+    monkeypatch.setattr(sink.ShardSink, "_write", stop_after_first_chunk)
     with pytest.raises(KeyboardInterrupt):
         encode(source, out, False, monkeypatch, shard_docs=600, max_tokens=4096, checkpoint_seconds=0)
-    monkeypatch.setattr(encode_shard._ShardSink, "_write", real_record)
+    monkeypatch.setattr(sink.ShardSink, "_write", real_record)
     last = Manifest.load(out).chunks[-1]  # the checkpoint to resume from
     assert last.start + last.docs == resume_at
     resumed = encode(source, out, True, monkeypatch, shard_docs=600, max_tokens=4096, checkpoint_seconds=0)
@@ -93,12 +94,13 @@ def test_a_resumed_run_reads_its_checkpoints_in_the_input_process(tmp_path, monk
 PARENT = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from lsr_index.encode_shard import _InputProcess, Assignment
-    from lsr_index.encode_job import EncodeJob, EncodeOptions
+    from lsr_index.encode.feed import InputProcess
+    from lsr_index.encode.job import Assignment
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
     from lsr_index.model.load import load_tokenizer
 
     job = EncodeJob(inputs=(sys.argv[1],), options=EncodeOptions(shard_docs=64, progress=False))
-    stream = _InputProcess(job, Assignment(), load_tokenizer("splade-tiny").backend_tokenizer.to_str())
+    stream = InputProcess(job, Assignment(), load_tokenizer("splade-tiny").backend_tokenizer.to_str())
     next(stream)  # started and sending; it now waits for this process to read on
     print(stream._child.process.pid, flush=True)
     time.sleep(600)
@@ -122,12 +124,12 @@ def test_the_input_process_ends_with_a_killed_parent(tmp_path):
     assert not alive(child), "the input process outlived its parent"
 
 
-def input_process(source: Path, shard_docs: int = 32) -> encode_shard._InputProcess:
-    from lsr_index.encode_job import EncodeJob as Job
+def input_process(source: Path, shard_docs: int = 32) -> feed.InputProcess:
+    from lsr_index.encode.job import EncodeJob as Job
     from lsr_index.model.load import load_tokenizer
 
     job = Job(inputs=(str(source),), options=EncodeOptions(shard_docs=shard_docs, progress=False))
-    return encode_shard._InputProcess(job, encode_shard.Assignment(),
+    return feed.InputProcess(job, Assignment(),
                                       load_tokenizer("splade-tiny").backend_tokenizer.to_str())
 
 
@@ -180,26 +182,26 @@ def test_a_tokenizer_with_python_parts_keeps_to_threads():
     backend = load_tokenizer("splade-tiny").backend_tokenizer
     custom = type(backend).from_str(backend.to_str())
     custom.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Words())
-    assert encode_shard._serialized(TextTokenizer(custom)) is None
-    assert encode_shard._serialized(TextTokenizer(backend)) == backend.to_str()
+    assert feed.serialized_tokenizer(TextTokenizer(custom)) is None
+    assert feed.serialized_tokenizer(TextTokenizer(backend)) == backend.to_str()
 
 
 def test_an_input_process_started_ahead_and_never_used_is_ended(monkeypatch):
     """The encoder starts its input process before it loads anything; an encoder that fails, closes before a run,
     or runs on pieces it is given (a cluster's driver reads) leaves none behind."""
-    from lsr_index.encode_job import EncodeJob as Job
+    from lsr_index.encode.job import EncodeJob as Job
 
-    monkeypatch.setattr(encode_shard, "_reads_in_a_process", lambda device: True)
+    monkeypatch.setattr(task, "reads_in_a_process", lambda device: True)
     job = Job(inputs=(str(SAMPLE),), options=EncodeOptions(progress=False))
-    encoder = encode_shard.ShardEncoder(job, "cpu", 1)
+    encoder = task.ShardEncoder(job, "cpu", 1)
     assert children(_self_pid(), b"input_main")
     encoder.close()
     assert not children(_self_pid(), b"input_main")
     with pytest.raises(LsrIndexError, match="no-such-model"):
-        encode_shard.ShardEncoder(Job(inputs=(str(SAMPLE),), model="./no-such-model"), "cpu", 1)
+        task.ShardEncoder(Job(inputs=(str(SAMPLE),), model="./no-such-model"), "cpu", 1)
     assert not children(_self_pid(), b"input_main")
-    encoder = encode_shard.ShardEncoder(job, "cpu", 1, reads_input=False)
-    assert encoder._input_child is None
+    encoder = task.ShardEncoder(job, "cpu", 1, reads_input=False)
+    assert encoder.input_child is None
     encoder.close()
 
 
@@ -221,7 +223,7 @@ def test_a_child_that_cannot_start_is_one_line_and_leaks_no_descriptor(monkeypat
     monkeypatch.setattr(sys, "executable", executable)
     before = open_descriptors()
     with pytest.raises(LsrIndexError, match="cannot start the input-reading process"):
-        PythonChild("lsr_index.encode_shard:input_main", "the input-reading process")
+        PythonChild("lsr_index.encode.feed:input_main", "the input-reading process")
     assert open_descriptors() - before == set()
 
 

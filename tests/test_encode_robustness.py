@@ -19,9 +19,9 @@ import pytest
 from cli_runner import run_cli
 from procs import alive
 
-from lsr_index import encode_corpus as encode_module
-from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
-from lsr_index.encode_job import input_digest
+from lsr_index.encode import plan as encode_module
+from lsr_index.encode.job import EncodeJob, EncodeOptions, input_digest
+from lsr_index.encode.plan import encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader
 from lsr_index.vectors.manifest import Manifest
@@ -366,7 +366,7 @@ def test_truncated_documents_are_counted_and_the_longest_measured(tmp_path, spla
 
 def encode_checkpointed(corpus: Path, out: Path, fmt: str, checkpoint: float) -> Manifest:
     """The kill test's runs, in this process or in DRIVER's: one shard (the default shard_docs) in pieces of up to
-    256 documents (the first ones cut finer: encode_shard._Ramp), checkpointed at the first piece end past
+    256 documents (the first ones cut finer: feed._Ramp), checkpointed at the first piece end past
     `checkpoint` seconds."""
     return encode(corpus, out, output_format=fmt, checkpoint_seconds=checkpoint, max_tokens=4096,
                   shard_docs=EncodeOptions().shard_docs)
@@ -430,8 +430,8 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
     import numpy as np
     import pyarrow as pa
 
-    from lsr_index.encode_job import Piece
-    from lsr_index.encode_shard import Assignment, _ShardSink, _Stats
+    from lsr_index.encode.job import Assignment, Piece, PieceStats
+    from lsr_index.encode.sink import ShardSink
     from lsr_index.vectors import shards
     from lsr_index.vectors.quantize import SparseVectors
     from lsr_index.vectors.serializers import SerializerPool
@@ -454,12 +454,12 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
         (out / "shards").mkdir(parents=True)
         published = []
         job = EncodeJob(inputs=("unused",), options=EncodeOptions(shard_docs=20, output_format="jsonl.gz"))
-        sink = _ShardSink(out, job, vocab, published.append, pool if serializers else None, serializers,
+        sink = ShardSink(out, job, vocab, published.append, pool if serializers else None, serializers,
                           Assignment())
         start = 0
         for i, (ids, vectors) in enumerate(chunks):
             rows = pa.record_batch([pa.array(ids)], names=["id"])
-            sink.put(Piece(0, start, rows, last=i == len(chunks) - 1), ids, vectors, _Stats())
+            sink.put(Piece(0, start, rows, last=i == len(chunks) - 1), ids, vectors, PieceStats())
             start += len(ids)
         sink.close()
         assert [s.docs for s in published] == [20]
@@ -603,7 +603,7 @@ def test_a_closed_prefetch_stops_reading_and_its_thread_ends():
     import itertools
     import threading
 
-    from lsr_index.encode_shard import Prefetch
+    from lsr_index.runtime.threads import Prefetch
 
     def ends(name: str) -> bool:
         """Its own thread, by name: other tests' threads in this process may start or end meanwhile."""

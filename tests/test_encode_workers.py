@@ -1,4 +1,4 @@
-"""Local encoding workers (one process per device, `executors.run_local_workers`): each starts without re-running the
+"""Local encoding workers (one process per device, `local.run_local_workers`): each starts without re-running the
 caller's script, a worker that dies is one line, and none outlives its parent. Real processes on CPU devices."""
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl
 SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
     from lsr_index.errors import LsrIndexError
     print("script ran", flush=True)
     options = EncodeOptions(shard_docs=int(sys.argv[3]), output_format="jsonl", progress=False)
@@ -44,7 +45,7 @@ def start(tmp_path: Path, corpus: Path, shard_docs: int) -> subprocess.Popen:
 def workers_of(parent: subprocess.Popen) -> list[int]:
     deadline = time.time() + 60
     while time.time() < deadline and parent.poll() is None:
-        found = children(parent.pid, b"executors:worker_main")
+        found = children(parent.pid, b"encode.local:worker_main")
         if len(found) == 2:
             return found
         time.sleep(0.05)
@@ -95,7 +96,8 @@ UNREADABLE_JOB = textwrap.dedent("""
     import sys
     from pathlib import Path
     from lsr_index.inputs.corpus import Fields
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
     from lsr_index.errors import LsrIndexError
 
     class MyFields(Fields):  # defined in the script run: a worker cannot import it
@@ -124,16 +126,17 @@ def test_a_job_a_worker_cannot_read_is_one_line_that_says_why(tmp_path):
 FORKED = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from lsr_index import executors
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.encode import local
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
     import os, threading
     threads, fork = [], os.fork
     def counted_fork():
         threads.append(threading.active_count())
         return fork()
     os.fork = counted_fork
-    if sys.argv[3] == "fork":  # as on GPUs (CPU workers start afresh: executors._forks_workers)
-        executors._forks_workers = lambda devices: True
+    if sys.argv[3] == "fork":  # as on GPUs (CPU workers start afresh: local._forks_workers)
+        local._forks_workers = lambda devices: True
     options = EncodeOptions(shard_docs=150, output_format="jsonl", progress=False)
     manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cpu", "cpu"))
     print(*[w["started"] for w in manifest.stats["per_worker"]])
@@ -180,8 +183,8 @@ def test_workers_left_without_shards_are_named_in_a_note(tmp_path):
 
 FORKED_CLI = textwrap.dedent("""
     import sys
-    from lsr_index import executors
-    executors._forks_workers = lambda devices: True  # as on GPUs
+    from lsr_index.encode import local
+    local._forks_workers = lambda devices: True  # as on GPUs
     from lsr_index.cli import main
     sys.argv = ["lsr-index", "encode", sys.argv[1], "-o", sys.argv[2], "--device", "cpu,cpu", "--shard-docs", "200",
                 "--doc-max-length", "32", "--format", "jsonl", "--checkpoint-seconds", "0"]
@@ -239,7 +242,7 @@ def test_ctrl_c_ends_forked_workers_and_the_rerun_writes_an_uninterrupted_runs_b
 CLAIMER = textwrap.dedent("""
     import random, sys
     from pathlib import Path
-    from lsr_index.encode_shard import Assignment
+    from lsr_index.encode.job import Assignment
     mine = Assignment(done=frozenset({7}), worker=int(sys.argv[2]), workers=3, claims=sys.argv[1])
     shards = list(range(300))
     random.Random(int(sys.argv[2])).shuffle(shards)
@@ -264,15 +267,16 @@ def test_each_shard_is_claimed_by_exactly_one_worker(tmp_path):
 SLOW_SECOND = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from lsr_index import encode_shard, executors
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
-    executors._forks_workers = lambda devices: True  # the workers are forks of this process, as on GPUs
-    put = encode_shard._ShardSink.put
+    from lsr_index.encode import task, local
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
+    local._forks_workers = lambda devices: True  # the workers are forks of this process, as on GPUs
+    put = sink.ShardSink.put
     def slowed(self, *args):  # the second worker's device, slower: 0.5 s more per shard of 100 documents
         if self.assignment.worker == 1:
             time.sleep(0.5)
         return put(self, *args)
-    encode_shard._ShardSink.put = slowed
+    sink.ShardSink.put = slowed
     options = EncodeOptions(shard_docs=100, output_format="jsonl", progress=False, doc_max_length=32)
     manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cpu", "cpu"))
     print(*[w["docs"] for w in manifest.stats["per_worker"]])
@@ -283,7 +287,8 @@ SLOW_SECOND = textwrap.dedent("""
 def test_a_slower_worker_takes_fewer_shards_and_the_bytes_stay_one_workers(tmp_path):
     """Shards go to the worker whose reader reaches them first: a fixed split (k mod W) gave each of two workers 16
     of 32 shards, so the faster waited for the slower; here it took 20 in a run measured while writing this."""
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
     from lsr_index.vectors.manifest import Manifest
 
     lines = SAMPLE.read_text().splitlines()

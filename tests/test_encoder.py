@@ -109,7 +109,7 @@ def test_stream_of_items_matches_each_item_alone(splade_tiny, seed):
 
 def test_cuda_memory_grows_in_segments_unless_the_user_chose(monkeypatch):
     """The GPU allocator's setting is the user's when given; otherwise segments grow, for the buckets' many shapes."""
-    from lsr_index.encode_shard import _expandable_cuda_memory
+    from lsr_index.encode.task import _expandable_cuda_memory
 
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     _expandable_cuda_memory()

@@ -50,7 +50,8 @@ def test_a_run_writes_the_same_bytes_with_and_without_its_warm_up(tmp_path, monk
     of a run whose warm-up does nothing."""
     import threading
 
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
 
     sample = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
     device = f"cuda:{torch.cuda.device_count() - 1}"
@@ -102,7 +103,8 @@ def test_staged_copies_arrive_whole_while_their_buffers_are_reused():
 def test_two_workers_on_one_gpu_write_what_one_writes(tmp_path):
     """Local workers (PythonChild processes, each with its own input process and serializers) on CUDA: the same
     shards as one worker, document for document; terms agree but where a weight sits at a rounding boundary."""
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
 
     sample = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
     job = EncodeJob(inputs=(str(sample),), options=EncodeOptions(shard_docs=150, output_format="jsonl",

@@ -25,7 +25,8 @@ import pytest
 from cli_runner import run_cli
 from procs import alive, children, wait_dead
 
-from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+from lsr_index.encode.job import EncodeJob, EncodeOptions
+from lsr_index.encode.plan import encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock
 from lsr_index.vectors import shards

@@ -88,8 +88,8 @@ def test_a_closed_encoder_leaves_no_model_load_running(monkeypatch):
     beside the caller's next model load."""
     import time
 
-    from lsr_index.encode_job import EncodeJob, EncodeOptions
-    from lsr_index.encode_shard import ShardEncoder
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.task import ShardEncoder
     from lsr_index.model import load as models_module
 
     real, finished = models_module.load_model, []

@@ -100,7 +100,7 @@ def test_a_malformed_table_is_one_line(tmp_path):
 
 
 def _job(model, query_model=None, query_max_length=16):
-    from lsr_index.encode_job import EncodeJob, EncodeOptions
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
 
     return EncodeJob(inputs=("unused",), model=str(model), query_model=query_model and str(query_model),
                      options=EncodeOptions(query_max_length=query_max_length))

@@ -14,7 +14,8 @@ import pytest
 from cli_runner import run_cli
 from terminal import on_terminal
 
-from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+from lsr_index.encode.job import EncodeJob, EncodeOptions
+from lsr_index.encode.plan import encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.shards import read_shard

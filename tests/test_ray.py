@@ -274,8 +274,8 @@ def test_an_encoder_whose_node_left_before_it_was_placed_is_lost_not_fatal(clust
     (the cluster's output equals one machine's). A run started right after a node was removed failed here with a
     traceback (ActorUnschedulableError). A node id that no node has stands for the departed node; the driver runs in
     this process (the killed-driver test's cluster rerun is the CLI's `--ray` run start to end)."""
-    from lsr_index.encode_job import EncodeJob, EncodeOptions
-    from lsr_index.ray_executor import RayCluster
+    from lsr_index.encode.cluster import RayCluster
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
 
     corpus, reference = long_corpus
     ray_cluster = RayCluster(cluster.address, 1)

@@ -132,14 +132,14 @@ def test_a_missing_input_is_reported_before_torch_or_a_model_loads(tmp_path):
 @settings(max_examples=100, deadline=None)
 @given(st.data())
 def test_each_shard_is_cut_the_same_way_whoever_reads_it_and_a_resume_reads_exactly_the_rest(data):
-    """encode_shard._Ramp on any batching (reader batches of the window, shorter ones at file ends, shards that start
+    """feed._Ramp on any batching (reader batches of the window, shorter ones at file ends, shards that start
     inside a batch): a shard's parts tile it in order, grow while shorter than the window, and only its last part
     ends it; a task that skips other shards (another worker's, published ones) cuts its own the same way; and a
     resume from any part edge reads exactly the documents after it, so its chunks line up with the first run's."""
     import pyarrow as pa
 
-    from lsr_index.encode_job import EncodeJob, EncodeOptions, pieces
-    from lsr_index.encode_shard import Assignment, read_pieces
+    from lsr_index.encode.feed import read_pieces
+    from lsr_index.encode.job import Assignment, EncodeJob, EncodeOptions, pieces
     from lsr_index.vectors.manifest import Chunk
 
     job = EncodeJob(inputs=("unused",), options=EncodeOptions(max_tokens=4096))  # a window of 256 documents

@@ -14,7 +14,8 @@ import torch
 from test_encoder_gpu import assert_same_shards
 
 import sparton
-from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+from lsr_index.encode.job import EncodeJob, EncodeOptions
+from lsr_index.encode.plan import encode_corpus
 from lsr_index.model.encoder import SpladeEncoder
 from lsr_index.model.load import load_model
 from lsr_index.vectors.manifest import Manifest
@@ -80,7 +81,8 @@ def test_two_workers_on_two_gpus_write_what_one_writes(tmp_path):
 FRESH = textwrap.dedent("""
     import sys
     from pathlib import Path
-    from lsr_index.encode_corpus import EncodeJob, EncodeOptions, encode_corpus
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.plan import encode_corpus
     options = EncodeOptions(shard_docs=150, output_format="jsonl", progress=False)
     manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cuda:0", "cuda:1"))
     print(*[w["started"] for w in manifest.stats["per_worker"]])

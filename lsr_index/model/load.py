@@ -278,7 +278,7 @@ _BUILDING = threading.Lock()
 
 def import_model_code(name_or_path: str) -> None:
     """Import what loading this model imports (torch, transformers, its masked-LM class) without loading it: the
-    workers forked afterwards start with it (executors.run_local_workers)."""
+    workers forked afterwards start with it (encode.local.run_local_workers)."""
     path = resolve_model(name_or_path)
     layout = sentence_transformers_layout(path)
     _masked_lm_class(layout.mlm if layout else path)

@@ -31,7 +31,7 @@ from lsr_index.model.load import (
 )
 
 if TYPE_CHECKING:
-    from lsr_index.encode_job import EncodeJob
+    from lsr_index.encode.job import EncodeJob
 
 QUERY_TABLES = ("query_token_weights.txt", "idf.json")  # opensearch's two spellings of the same table
 

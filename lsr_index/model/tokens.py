@@ -1,5 +1,5 @@
 """Texts → token ids, flat in NumPy arrays, through a model's Rust tokenizer: no torch here, so that a process that
-only reads and tokenizes (beside a GPU's driver: encode_shard.py) starts in a fraction of a second."""
+only reads and tokenizes (beside a GPU: encode.feed) starts in a fraction of a second."""
 
 from __future__ import annotations
 

@@ -60,7 +60,7 @@ class PythonChild:
 
     `fork=True` starts it as a fork of this process instead of a new interpreter: it has this process's modules
     imported already (torch and transformers: ~7 s in a fresh GPU worker on an H100 host, against ~1 s for the
-    rest of its start). Only where that is safe (executors._forks_workers): no other thread in this process, and no
+    rest of its start). Only where that is safe (encode.local._forks_workers): no other thread in this process, and no
     CUDA in it."""
 
     def __init__(self, entry: str, what: str, fork: bool = False):

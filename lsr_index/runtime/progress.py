@@ -32,7 +32,7 @@ def _bar_class() -> type:
 
     class Bar(tqdm):
         """Without tqdm's monitor thread (it only hurries the redraw of a bar that stalls), started by every bar, shown
-        or not: a process with a thread of its own cannot fork its GPU workers (executors._forks_workers)."""
+        or not: a process with a thread of its own cannot fork its GPU workers (encode.local._forks_workers)."""
 
         monitor_interval = 0
 

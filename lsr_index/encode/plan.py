@@ -1,5 +1,5 @@
 """The encode stage's planner and only manifest writer: start, resume or refuse; which shards are pending; record
-each checkpoint and finished shard; finish. The encoding itself is encode_shard's task, scheduled by an executor
+each checkpoint and finished shard; finish. The encoding itself is the task of encode.task, scheduled by an executor
 (in this process for one device, one process per device for several).
 
 A rerun after a crash encodes only what the manifest does not record, and continues a shard in progress from its
@@ -23,10 +23,10 @@ from pathlib import Path
 
 import orjson
 
-from lsr_index.encode_job import EncodeJob, EncodeOptions, pieces
-from lsr_index.encode_shard import Assignment, WorkerResult
+from lsr_index.encode.job import Assignment, EncodeJob, EncodeOptions, pieces
+from lsr_index.encode.local import run_in_process, run_local_workers
+from lsr_index.encode.task import WorkerResult
 from lsr_index.errors import LsrIndexError
-from lsr_index.executors import run_in_process, run_local_workers
 from lsr_index.model.files import sha256_file
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, refuse_symlink
 from lsr_index.runtime.progress import EncodeBar

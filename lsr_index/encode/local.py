@@ -1,5 +1,5 @@
-"""Executors only schedule: each runs the one encode task (encode_shard.ShardEncoder) on its devices and hands
-every event back to the planner, which alone writes the manifest (ray_executor.py is the cluster's executor)."""
+"""Executors only schedule: each runs the one encode task (encode.task.ShardEncoder) on its devices and hands
+every event back to the planner, which alone writes the manifest (cluster.py is the cluster's executor)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import BinaryIO
 
-from lsr_index.encode_job import EncodeJob
-from lsr_index.encode_shard import Assignment, ShardEncoder, WorkerResult
+from lsr_index.encode.job import Assignment, EncodeJob
+from lsr_index.encode.task import ShardEncoder, WorkerResult
 from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.children import PythonChild, end_with_stdin, send_message
 from lsr_index.vectors.manifest import Part
@@ -141,7 +141,7 @@ def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment
         fork = _forks_workers(devices)  # again: what was imported may have started a thread or CUDA
     try:
         for device, part in zip(devices, assignments):
-            worker = PythonChild("lsr_index.executors:worker_main", f"the encoding worker on {device}", fork=fork)
+            worker = PythonChild("lsr_index.encode.local:worker_main", f"the encoding worker on {device}", fork=fork)
             workers.append(worker)
             with contextlib.suppress(OSError):  # dead already: its relay says so
                 pickle.dump((job, out, device, part), worker.stdin)

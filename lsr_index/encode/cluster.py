@@ -33,12 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lsr_index.encode_corpus import Plan, planned
-from lsr_index.encode_job import EncodeJob, Piece, pieces
-from lsr_index.encode_shard import Assignment, Prefetch, ShardEncoder, WorkerResult, skipped_records
+from lsr_index.encode.feed import skipped_records
+from lsr_index.encode.job import Assignment, EncodeJob, Piece, pieces
+from lsr_index.encode.plan import Plan, planned
+from lsr_index.encode.task import ShardEncoder, WorkerResult
 from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.durable import fsync_directory
 from lsr_index.runtime.progress import EncodeBar
+from lsr_index.runtime.threads import Prefetch
 from lsr_index.vectors.manifest import Manifest, Shard
 from lsr_index.vectors.shards import SHARDS, attempt_dir, shard_file
 

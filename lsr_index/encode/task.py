@@ -1,0 +1,242 @@
+"""The one encode task: "encode the shards assigned to me of this job" (ShardEncoder.run), run in-process, in a local
+worker process, or by a cluster's actor (which loads the model once and runs the task once per shard). It encodes
+the pieces of its shards that are not checkpointed yet, and reports each checkpoint (a Chunk) and each finished
+shard (a Shard) through `emit`; it never touches the manifest.
+
+Within a task, reading+tokenizing (input.py), the model, and serializing+writing (sink.py) run side by side: in
+threads, or beside a GPU with reading and tokenizing in a process of their own and serializing in a pool of
+processes (vectors.serializers).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from lsr_index.encode.feed import (
+    InputProcess,
+    input_child,
+    reads_in_a_process,
+    serialized_tokenizer,
+    skipped_records,
+    tokenized_pieces,
+)
+from lsr_index.encode.job import Assignment, EncodeJob, Piece, PieceStats, pieces
+from lsr_index.encode.sink import ShardSink
+from lsr_index.model.tokens import TextTokenizer, Tokens
+from lsr_index.runtime.threads import Prefetch
+from lsr_index.vectors.manifest import Part
+from lsr_index.vectors.quantize import SparseVectors, quantize
+from lsr_index.vectors.serializers import SerializerPool
+from lsr_index.vectors.shards import check_vocab
+
+
+@dataclass
+class WorkerResult:
+    total_docs: int  # documents in the whole stream
+    tokens: int
+    skipped: list = field(default_factory=list)
+    worker: int = 0
+    device: str = "cpu"
+    docs: int = 0  # documents this worker encoded
+    loaded_at: float = 0.0  # time.time() when its model was on the device (process start, imports, load)
+    ready_at: float = 0.0  # time.time() when its first batch started (model loaded, first tokens read)
+    done_at: float = 0.0
+    cores: int = 0  # the host cores it was given (its serializers, torch's threads, the tokenizer's)
+    serializers: int = 0  # processes serializing its vectors beside it
+    started: str = "in process"  # or "fork", "new interpreter", "ray actor": how its process started
+
+
+
+
+class ShardEncoder:
+    """The model on one device, loaded once: a local worker runs it once, a cluster's actor once per shard.
+
+    The weights load in a background thread while `run` already reads and tokenizes the first pieces (the
+    tokenizer and the vocabulary come first, from the tokenizer files): ~1 s of model load and ~1 s of the first
+    piece used to follow each other before the first batch."""
+
+    def __init__(self, job: EncodeJob, device: str, cores: int, reads_input: bool = True):
+        """`reads_input=False`: every run gets its pieces from the caller (a cluster's driver reads the input)."""
+        if not device.startswith("cuda"):
+            _reuse_freed_memory()
+        self.pool: SerializerPool | None = None
+        # the input process starts first: its interpreter and imports (~0.4 s) pass while the tokenizer, the
+        # vocabulary and the serializers are made here; `run` hands it its work
+        self.input_child = input_child() if reads_input and reads_in_a_process(device) else None
+        try:
+            self._setup(job, device, cores)
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self, job: EncodeJob, device: str, cores: int) -> None:
+        from lsr_index.model.load import load_tokenizer, tokenizer_terms
+
+        tokenizer = load_tokenizer(job.model)
+        vocab = tokenizer_terms(tokenizer)[0]  # what the model's vocabulary will be: its tokenizer's terms
+        check_vocab(vocab)
+        self.job, self.device, self.cores, self.loaded_at = job, device, cores, 0.0
+        self.vocab = np.array(vocab, dtype=object)
+        self.tokenizer = TextTokenizer(tokenizer)
+        self._encoder: Future = Future()
+        threading.Thread(target=self._load, args=(tokenizer,), name="model-load", daemon=True).start()
+        # a GPU outpaces the JSON/gzip serialization of its vectors: half its host cores serialize beside it, in
+        # processes started once (a cluster's encoder runs the task once per shard)
+        self.serializers = min(8, max(1, cores // 2)) if device.startswith("cuda") else 0
+        self.pool = SerializerPool(self.serializers, vocab) if self.serializers and \
+            job.options.output_format != "parquet" else None
+
+    def _load(self, tokenizer: object) -> None:
+        try:  # whatever fails here is raised where the encoder is first used: nothing waits forever for it
+            if self.device.startswith("cuda"):
+                _expandable_cuda_memory()
+            import torch
+
+            import sparton
+            from lsr_index.model.encoder import SpladeEncoder
+            from lsr_index.model.load import load_model
+
+            with ThreadPoolExecutor(1, thread_name_prefix="kernel-prepare") as beside:
+                prepared = None
+                if self.device.startswith("cuda"):
+                    torch.cuda.set_device(self.device)
+                    if self.job.options.backend != "torch":  # the Triton head will run: its key beside the load
+                        prepared = beside.submit(sparton.prepare)
+                model = load_model(self.job.model, device=self.device, dtype=getattr(torch, self.job.dtype),
+                                   tokenizer=tokenizer)
+                if prepared:
+                    prepared.result()
+            self.loaded_at = time.time()
+            encoder = SpladeEncoder(model, max_tokens=self.job.options.max_tokens, backend=self.job.options.backend,
+                                    tokenizer=self.tokenizer)
+            encoder.warm_up(self.job.options.doc_max_length, partial(quantize, q=self.job.options.quantization))
+            self._encoder.set_result(encoder)
+        except BaseException as exc:
+            self._encoder.set_exception(exc)
+
+    @property
+    def encoder(self):
+        """The SpladeEncoder, once the model has loaded (its loading error, if it failed)."""
+        encoder = self._encoder.result()
+        if self.device.startswith("cuda"):
+            import torch
+
+            torch.cuda.set_device(self.device)  # Triton launches on the calling thread's current device
+        return encoder
+
+    def close(self) -> None:
+        """End the serializer processes (after a success they have no work left: `run` collects every result) and an
+        input process that no run took, then wait for a model load still under way: transformers builds a model under
+        process-wide settings (the default dtype, patched torch functions), so a load left running after a failed run
+        broke the caller's next model load (weights left on the meta device: model.load._BUILDING)."""
+        if self.pool:
+            self.pool.close()
+        if self.input_child:
+            self.input_child.close()
+        if loading := getattr(self, "_encoder", None):
+            wait([loading])
+
+    def run(self, out: Path, assignment: Assignment, emit: Callable[[Part], None],
+            progress: Callable[[int, int], None], source: Iterable[Piece] | None = None) -> WorkerResult:
+        """Encode the shards of `assignment` into `out`; `emit` receives each checkpoint and each finished shard, in
+        order. Without `source` the task reads the whole stream itself (to number documents, skipping the pieces of
+        other shards); with one (pieces a driver read, all of them to encode) it reads nothing, and the stream's
+        total and skipped records are the driver's to report."""
+        job, options = self.job, self.job.options
+        ready_at = 0.0
+        # a tokenizer that cannot be serialized (a custom Python pre-tokenizer) keeps to threads
+        in_a_process = source is None and reads_in_a_process(self.device)
+        tokenizer_json = serialized_tokenizer(self.tokenizer) if in_a_process else None
+        child = tokenizer_json is not None
+        reader = job.reader() if source is None and not child else None
+
+        pending: dict[int, tuple[Piece, list[str] | None, Tokens | None, PieceStats, list]] = {}  # read, not yet sunk
+        sink: ShardSink | None = None
+        spare, self.input_child = self.input_child, None  # a cluster's actor runs again: a new one then
+        if spare and not child:
+            spare.close()
+        # reading and tokenizing begin now, while the model loads. In threads, one piece is read beside the load, no
+        # more: the load is Python work too, and reading further ahead took the GIL from it (BERT-base ready at
+        # 1.1-1.4 s instead of 0.4-0.6 s on an H200)
+        stream = InputProcess(job, assignment, tokenizer_json, spare) if child else Prefetch(tokenized_pieces(
+            job, assignment, pieces(reader, options.shard_docs) if source is None else source, self.tokenizer,
+            after_each=lambda: wait([self._encoder])), name="tokenize")
+
+        def to_encode() -> Iterator[tuple[int, Tokens]]:
+            """The pieces with documents to encode, numbered; all pieces wait in `pending` for their turn."""
+            nonlocal ready_at
+            for n, (piece, ids, tokens, stats) in enumerate(stream):
+                ready_at = ready_at or time.time()
+                pending[n] = (piece, ids, tokens, stats, [])
+                if ids is not None:
+                    yield n, tokens
+
+        def sink_until(n: int | None) -> None:
+            """Hand the sink the pieces before n (None: all) that had nothing to encode (checkpointed earlier)."""
+            for k in sorted(k for k in pending if n is None or k < n):
+                piece, *_ = pending.pop(k)
+                sink.put(piece, None, None, PieceStats())
+
+        try:
+            encoder = self.encoder
+            docs0, tokens0 = encoder.n_docs, encoder.n_tokens
+            sink = ShardSink(out, job, self.vocab, emit, self.pool, self.serializers, assignment)
+            quantizer = partial(quantize, q=options.quantization)
+            for n, positions, part in encoder.encode_stream(to_encode(), quantizer):
+                piece, ids, tokens, stats, parts = pending[n]
+                if positions is not None:
+                    parts.append((positions, part))
+                    progress(len(positions), int(tokens.lengths[positions].sum()))
+                    continue
+                sink_until(n)
+                del pending[n]
+                sink.put(piece, ids, SparseVectors.stack(parts, len(ids)), stats)
+            sink_until(None)
+        except BaseException:
+            stream.close()
+            if sink is not None:
+                sink.close(wait=False)
+            raise
+        stream.close()
+        sink.close()
+        total, skipped = (stream.total_docs, stream.skipped) if child else \
+            (reader.n_docs, skipped_records(reader)) if reader else (0, [])
+        return WorkerResult(total_docs=total, tokens=encoder.n_tokens - tokens0, skipped=skipped,
+                            worker=assignment.worker, device=self.device, docs=encoder.n_docs - docs0,
+                            loaded_at=self.loaded_at, ready_at=ready_at or time.time(), done_at=time.time(),
+                            cores=self.cores, serializers=self.serializers)
+
+
+def _expandable_cuda_memory() -> None:
+    """Let PyTorch's CUDA allocator grow segments instead of caching fixed-size blocks, unless the user set its
+    options. Every length bucket has its own shape, and so do its activations and its [batch, vocabulary] output:
+    fixed blocks fragment, and the allocator frees and allocates (cudaFree waits for the GPU). Same H200 host, two
+    rounds: BERT-base 131k end to end 17,988 / 17,477 → 19,759 / 18,666 docs/s (benchmarks/NOTES_encode.md). Read at
+    the allocator's first use: a process that used CUDA memory before keeps its settings."""
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+
+
+def _reuse_freed_memory() -> None:
+    """On CPU each batch allocates and frees blocks of tens of MB (the body's activations; the LM head's [tokens,
+    vocabulary chunk] blocks of up to 256 MB did too, before they were cut to cache size: kernels/reference.py). glibc
+    serves blocks past 32 MB with mmap and unmaps them on free, so each block faulted in ~65,000 fresh zeroed pages:
+    a quarter to a third of CPU encode time was system time (SciFact, 300 documents on 2 cores: 2.5 M minor faults,
+    7.5 s system of 30 s). Serving large blocks from the heap and keeping it across frees reuses those pages
+    (1.07 M faults, 3.8 s system, the same user time and bytes; set at process start through MALLOC_MMAP_MAX_=0 the
+    same tuning gave 0.41 M and 2.0 s; all measured with the head's old blocks)."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc: nothing to tune
+        return
+    mallopt(-4, 0)  # M_MMAP_MAX: no block served by mmap
+    mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD: keep up to 1 GiB of freed heap instead of returning it at once
