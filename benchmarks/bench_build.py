@@ -35,8 +35,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lsr_index.build import available_cores, build_index  # noqa: E402
-from lsr_index.lucene import ImpactSearcher, anserini_jar, jvm  # noqa: E402
+from lsr_index.engines.lucene.build import available_cores, build_index  # noqa: E402
+from lsr_index.engines.lucene.jvm import anserini_jar, jvm  # noqa: E402
+from lsr_index.engines.lucene.searcher import ImpactSearcher  # noqa: E402
 from lsr_index.vectors.manifest import Manifest  # noqa: E402
 from lsr_index.vectors.quantize import SparseVectors  # noqa: E402
 from lsr_index.vectors.shards import read_shard, write_vectors  # noqa: E402

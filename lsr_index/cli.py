@@ -286,7 +286,7 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
 def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads: int | None, builder: str,
           heap: str, overwrite: bool) -> None:
     """Build a Lucene impact index from encoded vectors (checksums verified; published only when whole)."""
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
 
     vectors = vectors or ctx.obj["workdir"] / "vectors"
     index = index or ctx.obj["workdir"] / "index"

@@ -9,10 +9,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from lsr_index.encode.job import CHARS_PER_TOKEN
+from lsr_index.engines.index import INDEX_MANIFEST, IndexGeneration, index_manifest
+from lsr_index.engines.lucene.searcher import ImpactSearcher
 from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.inputs.ids import check_id
 from lsr_index.inputs.topics import text_lines
-from lsr_index.lucene import INDEX_MANIFEST, ImpactSearcher, IndexGeneration, index_manifest
 from lsr_index.runtime.durable import atomic_write_bytes, real_path
 from lsr_index.runtime.progress import bar, note
 from lsr_index.vectors.manifest import Manifest, written_by_encode

@@ -53,7 +53,7 @@ def random_docs(terms: list[str], docs: int, per_doc: int, max_impact: int, seed
 
 
 def build(vectors: Path, index: Path) -> Path:
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
 
     build_index(vectors, index, heap="1g", progress=False)
     return index

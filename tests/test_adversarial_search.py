@@ -98,7 +98,7 @@ def test_png_inside_the_vectors_is_refused_and_the_manifest_kept(made, where):
 def test_overwrite_refuses_an_index_holding_files_it_did_not_write(made, tmp_path):
     """A run saved in the index directory (or any file or folder put there) was deleted without a word with the
     old generation by `build --overwrite`; the index is kept whole and nothing is deleted."""
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
 
     vectors, _ = made
     index = tmp_path / "index"
@@ -120,7 +120,7 @@ def test_overwrite_refuses_an_index_holding_files_it_did_not_write(made, tmp_pat
 def test_build_index_dot_from_inside_the_index_replaces_it(made, tmp_path, monkeypatch):
     """`cd index && lsr-index build --index . --overwrite` put its lock and work directory inside the index ('..lock',
     '..building-PID') and failed (through the CLI: 'Device or resource busy'), leaving the lock file in the index."""
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
 
     vectors, _ = made
     index = tmp_path / "index"

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from terminal import on_terminal
 
-from lsr_index import build
 from lsr_index.encode.job import EncodeJob, EncodeOptions
 from lsr_index.encode.plan import encode_corpus
+from lsr_index.engines.lucene import build
+from lsr_index.engines.lucene.writer import DELIMITER, free_delimiter
 from lsr_index.errors import LsrIndexError
-from lsr_index.impact_writer import DELIMITER, free_delimiter
 from lsr_index.vectors import shards
 from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.quantize import SparseVectors
@@ -45,7 +45,7 @@ def write_vectors(out: Path, vocab: list[str], docs: list[tuple[str, dict[int, i
 
 
 def search(index: Path, queries: list[tuple[str, dict[str, int]]], hits: int = 1000) -> dict:
-    from lsr_index.lucene import ImpactSearcher
+    from lsr_index.engines.lucene.searcher import ImpactSearcher
 
     searcher = ImpactSearcher(index)
     try:

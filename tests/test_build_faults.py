@@ -27,8 +27,8 @@ def vectors(tmp_path_factory) -> Path:
 
 
 def _writers(pid: int) -> list[int]:
-    """The build's writer processes (python -m lsr_index.impact_writer)."""
-    return children(pid, b"impact_writer")
+    """The build's writer processes (python -m lsr_index.engines.lucene.writer)."""
+    return children(pid, b"lsr_index.engines.lucene.writer")
 
 
 def _start(vectors: Path, index: Path) -> tuple[subprocess.Popen, list[int]]:

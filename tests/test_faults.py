@@ -145,7 +145,7 @@ def test_build_killed_midway_publishes_nothing_and_a_rerun_succeeds(splade_tiny,
     vectors, index = tmp_path / "vectors", tmp_path / "index"
     manifest = synthetic_vectors(vectors, docs=40_000, terms=30, shard_docs=10_000)  # java: ~5 s on 2 cores
     before = (vectors / MANIFEST).read_bytes()
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
 
     # SIGKILL the parent: it can clean nothing up, but java must die with it (PR_SET_PDEATHSIG)
     proc, java, work = _start_build(vectors, index)
@@ -214,7 +214,7 @@ def test_a_second_encode_on_the_same_output_is_refused(splade_tiny, tmp_path):
 
 
 def test_a_build_is_refused_while_its_vectors_or_index_are_being_written(tmp_path):
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
 
     vectors, index = tmp_path / "vectors", tmp_path / "index"
     synthetic_vectors(vectors, docs=12, shard_docs=5)
@@ -406,7 +406,7 @@ DAMAGE = {
 
 @pytest.mark.parametrize("case", DAMAGE)
 def test_build_refuses_a_damaged_or_hostile_vectors_directory(tmp_path, case):
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
 
     vectors = tmp_path / "vectors"
     synthetic_vectors(vectors, docs=12, shard_docs=4)
@@ -431,7 +431,7 @@ def test_a_malformed_manifest_is_one_line_through_the_cli(tmp_path):
 
 
 def test_search_refuses_a_damaged_index_record(tmp_path):
-    from lsr_index.lucene import index_manifest
+    from lsr_index.engines.index import index_manifest
 
     index = tmp_path / "index"
     index.mkdir()
@@ -448,7 +448,7 @@ def test_search_refuses_a_damaged_index_record(tmp_path):
 
 
 def test_publishing_over_an_old_index_swaps_in_one_step(tmp_path):
-    from lsr_index.build import _publish
+    from lsr_index.engines.lucene.build import _publish
 
     (tmp_path / "index").mkdir()
     (tmp_path / "index" / "old").touch()

@@ -19,8 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
+from lsr_index.engines.lucene.writer import DELIMITER, _fast_doc, _joined
 from lsr_index.errors import LsrIndexError
-from lsr_index.impact_writer import DELIMITER, _fast_doc, _joined
 from lsr_index.vectors.quantize import Quantization, SparseVectors, quantize
 from lsr_index.vectors.shards import FORMATS, ShardWriter, json_vector_line, read_shard
 

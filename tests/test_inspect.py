@@ -138,7 +138,7 @@ def test_png_without_matplotlib_says_what_to_install(work, tmp_path):
 def test_query_expansion_is_what_search_sends(work, splade_tiny):
     import torch
 
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
     from lsr_index.model.encoder import SpladeEncoder
 
     build_index(work / "vectors", work / "index", threads=1, heap="1g", progress=False)

@@ -43,7 +43,7 @@ def encoded(splade_tiny, tmp_path_factory) -> tuple[Path, Manifest]:
 
 @pytest.fixture(scope="module")
 def built(encoded):
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
 
     work, manifest = encoded
     info = build_index(work / "vectors", work / "index", heap="1g", progress=False)
@@ -64,8 +64,8 @@ def test_manifest_records_what_was_made(built):
 
 @pytest.mark.lucene
 def test_lucene_topk_equals_exact_integer_dot_product(built, splade_tiny):
+    from lsr_index.engines.lucene.searcher import ImpactSearcher
     from lsr_index.inputs.topics import read_queries
-    from lsr_index.lucene import ImpactSearcher
     from lsr_index.search import encode_queries, load_query_encoder
 
     work, _, _ = built
@@ -88,7 +88,7 @@ def test_lucene_topk_equals_exact_integer_dot_product(built, splade_tiny):
 def test_build_refuses_a_corrupted_shard(built, tmp_path):
     import shutil
 
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
 
     work, manifest, _ = built
     shutil.copytree(work / "vectors", tmp_path / "vectors")
@@ -101,7 +101,7 @@ def test_build_refuses_a_corrupted_shard(built, tmp_path):
 
 @pytest.mark.lucene
 def test_build_never_overwrites_without_permission(built):
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
 
     work, _, _ = built
     with pytest.raises(LsrIndexError, match="--overwrite"):
@@ -129,9 +129,9 @@ def test_search_refuses_another_model(built, splade_tiny, tmp_path):
 @pytest.mark.lucene
 def test_parquet_shards_build_the_same_index(built, splade_tiny, tmp_path):
     """The writers read Parquet shards directly: the index must search like the JSONL one."""
-    from lsr_index.build import build_index
+    from lsr_index.engines.lucene.build import build_index
+    from lsr_index.engines.lucene.searcher import ImpactSearcher
     from lsr_index.inputs.topics import read_queries
-    from lsr_index.lucene import ImpactSearcher
     from lsr_index.search import encode_queries, load_query_encoder
 
     work, _, _ = built
@@ -251,8 +251,8 @@ def test_lucene_indexes_every_gzip_member(tmp_path):
     """A .jsonl.gz shard is a run of gzip members (one per chunk); Anserini must read past the first."""
     import gzip
 
-    from lsr_index.build import build_index
-    from lsr_index.lucene import count_docs
+    from lsr_index.engines.lucene.build import build_index
+    from lsr_index.engines.lucene.checks import count_docs
 
     manifest = encode(SAMPLE / "corpus.jsonl", tmp_path / "vectors", max_tokens=4096, output_format="jsonl.gz",
                       doc_max_length=32)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from lsr_index.build import build_index
 from lsr_index.encode.job import EncodeJob, EncodeOptions
 from lsr_index.encode.plan import encode_corpus
+from lsr_index.engines.lucene.build import build_index
 from lsr_index.evaluate import evaluate
 from lsr_index.inputs.topics import read_qrels, read_queries
 from lsr_index.search import search

@@ -9,10 +9,12 @@ import shutil
 import pytest
 from search_fixtures import SAMPLE, build, query_terms, random_docs, write_vectors
 
-from lsr_index import lucene
-from lsr_index.build import _publish, _remove_retired
+from lsr_index.engines.index import IndexGeneration
+from lsr_index.engines.lucene.build import _publish, _remove_retired
+from lsr_index.engines.lucene.searcher import ImpactSearcher
 from lsr_index.inputs.topics import read_queries
 from lsr_index.search import search
+from lsr_index.vectors.manifest import Manifest
 
 pytestmark = [pytest.mark.lucene, pytest.mark.slow]
 
@@ -40,7 +42,7 @@ def test_a_publish_between_reading_the_record_and_opening_lucene_changes_nothing
     shutil.copytree(old, index)
     work = tmp_path / ".index.building-1"
     shutil.copytree(new, work / "index")
-    record = lucene.Manifest.from_dict
+    record = Manifest.from_dict
     published = []
 
     def publish_after_reading(*args):  # the index record has just been read
@@ -50,7 +52,7 @@ def test_a_publish_between_reading_the_record_and_opening_lucene_changes_nothing
             published.append(sorted(p.name for p in tmp_path.iterdir() if ".retired-" in p.name))
         return manifest
 
-    monkeypatch.setattr(lucene.Manifest, "from_dict", publish_after_reading)
+    monkeypatch.setattr(Manifest, "from_dict", publish_after_reading)
     run = search(index, queries, hits=50)
     monkeypatch.undo()
     assert len(published[0]) == 1  # held by the search when it was replaced: kept aside, not deleted under it
@@ -65,7 +67,7 @@ def test_the_search_holds_a_shared_lock_on_its_generation(generations):
     old, _ = generations
     probe = os.open(old, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with lucene.IndexGeneration(old), pytest.raises(BlockingIOError):
+        with IndexGeneration(old), pytest.raises(BlockingIOError):
             fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released with the generation
     finally:
@@ -82,9 +84,9 @@ def test_without_proc_a_swapped_index_is_refused_not_mixed(generations, tmp_path
     shutil.copytree(old, index)
     work = tmp_path / ".index.building-1"
     shutil.copytree(new, work / "index")
-    with lucene.IndexGeneration(index) as generation:
+    with IndexGeneration(index) as generation:
         generation.lucene_path = str(index)  # what __init__ chooses when /proc/self/fd is unavailable
         generation.record()
         _publish(work / "index", index, work)
         with pytest.raises(LsrIndexError, match="replaced while it was being opened; rerun"):
-            lucene.ImpactSearcher(generation)
+            ImpactSearcher(generation)

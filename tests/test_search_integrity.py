@@ -9,9 +9,9 @@ import pytest
 from cli_runner import run_cli
 from search_fixtures import SAMPLE, build, query_terms, random_docs, write_vectors
 
+from lsr_index.engines.lucene.checks import check_index
 from lsr_index.errors import LsrIndexError
 from lsr_index.inputs.topics import read_queries
-from lsr_index.lucene import check_index
 from lsr_index.search import search
 
 pytestmark = [pytest.mark.lucene, pytest.mark.slow]

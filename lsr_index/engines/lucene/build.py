@@ -2,7 +2,7 @@
 
 Two builders, both in child processes (their heap is set per run and they can be killed without harm):
 `direct` (default) writes impact postings itself, one writer process per core over a share of the documents,
-merged at the end (`impact_writer.py`); `anserini` runs Anserini's IndexCollection on JsonVectorCollection,
+merged at the end (`writer.py`); `anserini` runs Anserini's IndexCollection on JsonVectorCollection,
 which indexes each term as `impact` repeated tokens.
 """
 
@@ -23,9 +23,11 @@ import threading
 import time
 from pathlib import Path
 
+from lsr_index.engines.index import INDEX_MANIFEST
+from lsr_index.engines.lucene.checks import check_index, count_docs
+from lsr_index.engines.lucene.jvm import anserini_jar, java_home
+from lsr_index.engines.lucene.writer import MERGE, heap_mb, split
 from lsr_index.errors import LsrIndexError
-from lsr_index.impact_writer import MERGE, heap_mb, split
-from lsr_index.lucene import INDEX_MANIFEST, anserini_jar, check_index, count_docs, java_home
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
 from lsr_index.runtime.progress import bar, note
 from lsr_index.vectors.manifest import MANIFEST, Manifest
@@ -300,7 +302,7 @@ class _Writers:
         for k, job in enumerate(jobs):
             spec = work / f"writer-{k}.json"
             spec.write_text(json.dumps(job))
-            cmd = _child_command([sys.executable, "-m", "lsr_index.impact_writer", str(spec)])
+            cmd = _child_command([sys.executable, "-m", "lsr_index.engines.lucene.writer", str(spec)])
             stdin = subprocess.PIPE if job.get("merge") else subprocess.DEVNULL
             self.procs.append(subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                                env=env))

@@ -11,7 +11,7 @@ the same. Per document the Python side cuts the text straight out of the JSONL l
 as lsr-index writes them; a vectorised Arrow pass per batch for Parquet) and makes four JNI calls on reused
 Field objects. Terms longer than 255 characters are indexed whole (Anserini's WhitespaceAnalyzer cuts them).
 
-This module is also the writer process: `python -m lsr_index.impact_writer JOB.json` indexes a range of the
+This module is also the writer process: `python -m lsr_index.engines.lucene.writer JOB.json` indexes a range of the
 manifest's documents into an index; writer 0 then adds the other writers' sub-indexes to its own
 (`IndexWriter.addIndexes`, no forceMerge: Anserini's default leaves segments as its merge policy made them).
 It reports progress as lines of document counts on stdout and a failure as one line on stderr.
@@ -230,7 +230,7 @@ class ImpactWriter:
     """A Lucene IndexWriter configured as Anserini's impact indexer, fed delimited-impact texts."""
 
     def __init__(self, index: Path, heap: str):
-        from lsr_index.lucene import jvm
+        from lsr_index.engines.lucene.jvm import jvm
 
         self._ac = ac = jvm(heap)
         self._analyzers: dict[str, object] = {}

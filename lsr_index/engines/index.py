@@ -1,0 +1,105 @@
+"""An index directory as every engine publishes it: its record (lsr-index.json: the engine, how it was built, and the
+vectors manifest it was built from) and one generation of it opened and share-locked for a whole search.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from pathlib import Path
+
+from lsr_index.errors import LsrIndexError
+from lsr_index.runtime.durable import os_cause
+from lsr_index.vectors.manifest import Manifest
+
+INDEX_MANIFEST = "lsr-index.json"
+
+
+class IndexGeneration:
+    """One generation of an index directory, opened once and share-locked (flock) until closed.
+
+    `build --overwrite` publishes a new generation with RENAME_EXCHANGE and deletes the old one only after
+    taking LOCK_EX on it. Everything read through this handle (the record, and Lucene's files through
+    `/proc/self/fd/N`) therefore belongs to the generation opened, whatever is published meanwhile: queries are
+    never encoded with one generation's model and scored against another's postings.
+    """
+
+    def __init__(self, index: Path):
+        self.index = index
+        for _ in range(10):
+            try:
+                fd = os.open(index, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise LsrIndexError(f"{index}: no index here; build one with `lsr-index build`") from None
+            except NotADirectoryError:
+                raise LsrIndexError(f"{index}: not an index directory (it is a file); build one with "
+                                    "`lsr-index build`") from None
+            except OSError as exc:
+                raise LsrIndexError(f"{index}: cannot open the index: {os_cause(exc)}") from None
+            fcntl.flock(fd, fcntl.LOCK_SH)  # a builder deleting this generation waits for us (LOCK_EX)
+            if self._published(fd):  # not a replaced generation that a builder deleted before we locked it
+                break
+            os.close(fd)
+        else:
+            raise LsrIndexError(f"{index}: replaced again and again while it was being opened; rerun")
+        self.fd = fd
+        proc = f"/proc/self/fd/{fd}"
+        try:
+            self.lucene_path = proc if os.path.samestat(os.stat(proc), os.fstat(fd)) else str(index)
+        except OSError:  # no /proc: Lucene opens the path, and `holds` tells whether it got this generation
+            self.lucene_path = str(index)
+
+    def _published(self, fd: int) -> bool:
+        try:
+            return os.path.samestat(os.stat(self.index), os.fstat(fd))
+        except OSError:
+            return False
+
+    def holds(self, path: str) -> bool:
+        """Whether `path` (where Lucene resolved the index to) is this generation's directory."""
+        try:
+            return os.path.samestat(os.stat(path), os.fstat(self.fd))
+        except OSError:
+            return False
+
+    def record(self) -> tuple[dict, Manifest]:
+        """The index's own record and the vectors manifest it was built from (model, quantization)."""
+        path = self.index / INDEX_MANIFEST
+        try:
+            fd = os.open(INDEX_MANIFEST, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
+            with os.fdopen(fd, "rb") as f:
+                info = json.loads(f.read())
+        except FileNotFoundError:
+            raise LsrIndexError(f"{self.index}: not an lsr-index index (no {INDEX_MANIFEST}); build one with "
+                                "`lsr-index build`") from None
+        except OSError as exc:
+            raise LsrIndexError(f"{path}: cannot read it: {os_cause(exc)}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise LsrIndexError(f"{path}: not valid JSON ({exc}); rebuild the index with `lsr-index build "
+                                "--overwrite`") from None
+        if not isinstance(info, dict) or info.get("kind") != "lsr-index/index" or "vectors_manifest" not in info:
+            raise LsrIndexError(f"{path}: not an lsr-index index record; rebuild the index with `lsr-index build "
+                                "--overwrite`")
+        return info, Manifest.from_dict(info["vectors_manifest"], str(path))
+
+    def size(self) -> int:
+        """Bytes in the generation's files."""
+        return sum(os.stat(name, dir_fd=self.fd, follow_symlinks=False).st_size for name in os.listdir(self.fd))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> IndexGeneration:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def index_manifest(index: Path) -> tuple[dict, Manifest]:
+    """The record of the generation of `index` published now."""
+    with IndexGeneration(index) as generation:
+        return generation.record()
