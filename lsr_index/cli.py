@@ -325,13 +325,13 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
     """
     from lsr_index import search as searching
     from lsr_index.inputs.topics import read_qrels, read_queries
-    from lsr_index.search import read_run
+    from lsr_index.runs import check_run_path, read_run, write_run
 
     terminate_as_interrupt()  # the run file is written whole or not at all
     index = index or ctx.obj["workdir"] / "index"
     stem = queries.name.removesuffix(".gz").rsplit(".", 1)[0]
     run_path = run_path or ctx.obj["workdir"] / "runs" / f"{stem}.{run_format}"
-    searching.check_run_path(run_path, [p for p in (queries, qrels) if p])  # before the model loads and searches
+    check_run_path(run_path, [p for p in (queries, qrels) if p])  # before the model loads and searches
     topics = read_queries(queries, notice=lambda text: click.echo(f"note: {text}", err=True))
     judged = read_qrels(qrels) if qrels else None
     t0 = time.perf_counter()
@@ -339,7 +339,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
         run = searching.search(index, topics, hits=hits, threads=threads, model=model,
                                device=_devices(device)[0], progress=ctx.obj["progress"],
                                notice=lambda text: click.echo(f"note: {text}", err=True))
-        searching.write_run(run_path, run, run_format)
+        write_run(run_path, run, run_format)
     except KeyboardInterrupt:  # Java may still be searching in its own threads: end now, not after them
         end_stopped(f"{'terminated' if _RECEIVED[0] == signal.SIGTERM else 'interrupted'}: no run was written",
                     exit_handlers=False)
@@ -358,7 +358,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
 def evaluate(ctx: click.Context, run_path: Path, qrels: Path) -> None:
     """Score a run: nDCG@10, MRR@10, R@100, R@1000, MAP (ir_measures: MRR@10 is RR@10, MAP is AP@1000)."""
     from lsr_index.inputs.topics import read_qrels
-    from lsr_index.search import read_run
+    from lsr_index.runs import read_run
 
     _print_metrics(read_run(run_path), read_qrels(qrels), ctx.obj["progress"])
 

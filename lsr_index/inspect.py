@@ -161,7 +161,7 @@ def require_matplotlib() -> None:
 def write_png(stats: CorpusStats, path: Path) -> None:
     """Histograms of nonzeros per document and of impacts, written atomically; never into an index or vectors
     directory (`--png vectors/manifest.json` once replaced the manifest it had just read)."""
-    from lsr_index.search import inside_output
+    from lsr_index.runs import inside_output
 
     if owner := inside_output(path):
         raise LsrIndexError(f"--png {path}: that is inside {owner}; write the picture elsewhere")

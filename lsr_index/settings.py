@@ -99,3 +99,11 @@ DEFAULTS: dict[str, Any] = {
 }
 MAX_TOKENS = {"cpu": 16384, "cuda": 131072}  # padded tokens per forward pass: activation memory, not corpus size
 DTYPE = {"cpu": "float32", "cuda": "bfloat16"}
+
+# Characters kept per document (or query): its max length in tokens × this, before tokenizing. A WordPiece token
+# spans at most 100 characters (longer words become one [UNK]: BERT's max_input_chars_per_word), and real text
+# averages 4-6 per token in BERT, BPE and SentencePiece vocabularies alike; the Rust tokenizer tokenizes a text whole
+# before it truncates, so without a bound a document of tens of megabytes takes gigabytes to yield its few hundred
+# tokens. Only text past 100 characters per kept token (runs of whitespace or of over-long words) can change what is
+# encoded; such cuts are counted in the manifest.
+CHARS_PER_TOKEN = 100

@@ -43,7 +43,7 @@ def test_scores_equal_as_32_bit_floats_tie_as_in_trec_eval(tmp_path, scores):
     import pytrec_eval
 
     from lsr_index.evaluate import evaluate
-    from lsr_index.search import read_run
+    from lsr_index.runs import read_run
 
     path = tmp_path / "run.trec"
     path.write_text(f"q1 Q0 a 1 {scores[0]!r} t\nq1 Q0 b 2 {scores[1]!r} t\n")

@@ -18,11 +18,11 @@ from terminal import on_terminal
 from lsr_index.encode.job import EncodeJob, EncodeOptions
 from lsr_index.encode.plan import encode_corpus
 from lsr_index.engines.lucene import build
-from lsr_index.engines.lucene.writer import DELIMITER, free_delimiter
 from lsr_index.errors import LsrIndexError
 from lsr_index.vectors import shards
 from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.quantize import SparseVectors
+from lsr_index.vectors.shards import DELIMITER, free_delimiter
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 LSR = [sys.executable, "-m", "lsr_index", "--quiet"]

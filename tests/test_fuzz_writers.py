@@ -19,10 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from lsr_index.engines.lucene.writer import DELIMITER, _fast_doc, _joined
 from lsr_index.errors import LsrIndexError
 from lsr_index.vectors.quantize import Quantization, SparseVectors, quantize
-from lsr_index.vectors.shards import FORMATS, ShardWriter, json_vector_line, read_shard
+from lsr_index.vectors.shards import DELIMITER, FORMATS, ShardWriter, _fast_doc, _joined, json_vector_line, read_shard
 
 # FUZZ_EXAMPLES=2000 for a long local run; CI keeps it short
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 60)), deadline=None,

@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.model.files import model_sha256, sha256_file
+from lsr_index.model.files import model_sha256
 from lsr_index.model.load import EMBEDDED, load_model, resolve_model
+from lsr_index.runtime.durable import sha256_file
 
 
 def test_embedded_model_is_verified_and_cached(splade_tiny):

@@ -20,7 +20,8 @@ from cli_runner import run_cli
 from tiny_models import WORDS, reference_weights, save_masked_lm
 
 from lsr_index.model.files import model_sha256
-from lsr_index.search import encode_queries, load_query_encoder, read_run
+from lsr_index.runs import read_run
+from lsr_index.search import encode_queries, load_query_encoder
 from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.shards import read_shard
 

@@ -11,7 +11,7 @@ from lsr_index.errors import InputError, LsrIndexError
 
 def test_eval_reads_both_run_formats_that_search_writes(tmp_path):
     from lsr_index.evaluate import evaluate
-    from lsr_index.search import read_run, write_run
+    from lsr_index.runs import read_run, write_run
 
     run = {"q1": [("d3", 9.0), ("d1", 7.0), ("d2", 1.0)], "q2": [("d2", 4.0), ("d9", 2.0)]}
     qrels = {"q1": {"d1": 1}, "q2": {"d9": 1, "d2": 0}}
@@ -50,7 +50,7 @@ HOSTILE = ["rel ", " rel", "a b", "a\tb", "a\u00a0b", "a\u2028b", "a\u0085b", "a
 @pytest.mark.parametrize("doc", HOSTILE)
 def test_write_run_refuses_an_id_the_format_cannot_hold(tmp_path, fmt, doc):
     """Written, such an id shifts the columns or merges with another id ('rel ' → 'rel') in `eval`."""
-    from lsr_index.search import write_run
+    from lsr_index.runs import write_run
 
     path = tmp_path / f"run.{fmt}"
     with pytest.raises(LsrIndexError, match=re.escape(f"document id {doc!r} ")):
@@ -59,7 +59,7 @@ def test_write_run_refuses_an_id_the_format_cannot_hold(tmp_path, fmt, doc):
 
 
 def test_every_line_search_writes_has_the_columns_of_its_format(tmp_path):
-    from lsr_index.search import read_run, write_run
+    from lsr_index.runs import read_run, write_run
 
     run = {"q1": [("ünï-cødé", 2.0), ("x\u200by", 1.0), ("a'b\"c", 0.5)]}  # not whitespace: kept exactly
     for fmt, columns in (("trec", 6), ("msmarco", 3)):
@@ -76,7 +76,7 @@ def test_every_line_search_writes_has_the_columns_of_its_format(tmp_path):
     ("q1\td1\tfirst\n", 1, "rank is not a finite number"),
 ])
 def test_read_run_refuses_what_would_skew_the_metrics(tmp_path, content, line, message):
-    from lsr_index.search import read_run
+    from lsr_index.runs import read_run
 
     path = tmp_path / "run.txt"
     path.write_text(content)

@@ -287,7 +287,7 @@ class _Run:
 
     def go(self) -> Manifest:
         reader = self.job.reader()
-        self.bar = EncodeBar(reader, self.resumed_at, self.job.options.progress)
+        self.bar = EncodeBar(reader.estimate_docs, self.resumed_at, self.job.options.progress)
         shards = itertools.groupby(pieces(reader, self.job.options.shard_docs), key=lambda piece: piece.shard)
         stream = Prefetch(((k, list(group)) for k, group in shards if k not in self.done), READ_AHEAD, "read")
         t0, started_at = time.perf_counter(), time.time()

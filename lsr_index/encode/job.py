@@ -19,16 +19,10 @@ import pyarrow as pa
 from lsr_index.errors import LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader, Fields
 from lsr_index.runtime.durable import create_new, real_path
-from lsr_index.settings import DEFAULTS, DTYPE, MAX_TOKENS, check
+from lsr_index.settings import CHARS_PER_TOKEN, DEFAULTS, DTYPE, MAX_TOKENS, check
 from lsr_index.vectors.manifest import Chunk, Part
 from lsr_index.vectors.quantize import Quantization
 
-# Characters kept per document: doc_max_length × this. A WordPiece token spans at most 100 characters (longer
-# words become one [UNK]: BERT's max_input_chars_per_word), and real text averages 4-6 per token in BERT, BPE and
-# SentencePiece vocabularies alike; the Rust tokenizer tokenizes a text whole before it truncates, so without a
-# bound one 60 MB document took 7.3 GB to yield 256 tokens. Only text past 100 characters per kept token (runs of
-# whitespace or of over-long words) can change what is encoded; such cuts are counted in the manifest.
-CHARS_PER_TOKEN = 100
 _DIGEST_MOD = 1 << 128
 
 

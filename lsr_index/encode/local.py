@@ -20,7 +20,7 @@ from typing import BinaryIO
 from lsr_index.encode.job import Assignment, EncodeJob
 from lsr_index.encode.task import ShardEncoder, WorkerResult
 from lsr_index.errors import LsrIndexError
-from lsr_index.runtime.children import PythonChild, end_with_stdin, send_message
+from lsr_index.runtime.children import PythonChild, end_with_stdin, relay, send_message
 from lsr_index.vectors.manifest import Part
 from lsr_index.vectors.shards import claims_dir
 
@@ -67,19 +67,6 @@ def worker_main(out: BinaryIO) -> None:
         send("error", str(exc))
     except BaseException as exc:
         send("error", f"worker on {device} failed: {type(exc).__name__}: {exc}")
-
-
-def _relay(worker: PythonChild, inbox: queue.SimpleQueue) -> None:
-    """One worker's messages into the parent's inbox, up to its last; ("gone", the worker) if it ends without one."""
-    while True:
-        try:
-            message = pickle.load(worker.messages)
-        except Exception:  # EOF, or a message cut off by its death
-            inbox.put(("gone", worker))
-            return
-        inbox.put(message)
-        if message[0] in ("done", "error"):
-            return
 
 
 def _record_queued(inbox: queue.SimpleQueue, on_part: Callable[[Part], None]) -> None:
@@ -147,7 +134,7 @@ def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment
                 pickle.dump((job, out, device, part), worker.stdin)
                 worker.stdin.flush()
         for worker in workers:  # once all are forked: a relay running beside a fork would make it unsafe
-            threading.Thread(target=_relay, args=(worker, inbox), daemon=True).start()
+            threading.Thread(target=relay, args=(worker, inbox), daemon=True).start()
         while len(results) < len(workers):
             try:
                 kind, body = inbox.get(timeout=1.0)

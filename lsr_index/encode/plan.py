@@ -27,8 +27,7 @@ from lsr_index.encode.job import Assignment, EncodeJob, EncodeOptions, pieces
 from lsr_index.encode.local import run_in_process, run_local_workers
 from lsr_index.encode.task import WorkerResult
 from lsr_index.errors import LsrIndexError
-from lsr_index.model.files import sha256_file
-from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, refuse_symlink
+from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, refuse_symlink, sha256_file
 from lsr_index.runtime.progress import EncodeBar
 from lsr_index.vectors.manifest import MANIFEST, Chunk, Manifest, Part, Shard, written_by_encode
 from lsr_index.vectors.shards import SHARDS, is_attempt, is_claims, is_ours, is_temporary
@@ -320,7 +319,7 @@ def encode_corpus(job: EncodeJob, out: Path, devices: tuple[str, ...] = ("cpu",)
     job = job.for_output(out)
     with planned(job, out) as plan:
         resumed_at = plan.manifest.docs + sum(c.docs for c in plan.manifest.chunks)
-        bar = EncodeBar(job.reader(), resumed_at, job.options.progress)
+        bar = EncodeBar(job.reader().estimate_docs, resumed_at, job.options.progress)
         t0, started_at = time.perf_counter(), time.time()
         tokens = 0
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.runtime.durable import atomic_write_bytes
+from lsr_index.runtime.durable import atomic_write_bytes, sha256_file
 
 T = TypeVar("T")
 
@@ -47,12 +47,6 @@ def cache_root() -> Path:
     return Path(os.environ.get("LSR_INDEX_CACHE", Path.home() / ".cache" / "lsr-index"))
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def identity_files(path: Path) -> list[str]:

@@ -17,7 +17,9 @@ import os
 import re
 import shutil
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from hashlib import blake2b
+from itertools import islice
 from pathlib import Path
 from typing import NoReturn
 
@@ -27,8 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.model.load import sha256_file
-from lsr_index.runtime.durable import create_new, fsync_directory, os_cause
+from lsr_index.runtime.durable import create_new, fsync_directory, os_cause, sha256_file
 from lsr_index.settings import FORMATS
 from lsr_index.vectors.manifest import MANIFEST, Manifest, Shard
 from lsr_index.vectors.quantize import SparseVectors
@@ -325,3 +326,165 @@ def write_vectors(out: Path, vocab: Sequence[str], shards: Iterable[Iterable[tup
     manifest.complete = True
     manifest.save(out)
     return manifest
+
+
+# --- reading a range of a shard as (id, joined text, delimiter) ----------------------------------------------
+# The joined form of a document is its terms and impacts as one string, `term<DELIMITER>impact` pairs separated by
+# single spaces: what Lucene's pretokenized analyzer reads. For lines as `json_vector_line` writes them it is cut
+# straight out of the line (no JSON parse), and a term that holds the delimiter gets another one for its document.
+
+DELIMITER = "\x01"  # not whitespace, never in a BERT or sentencepiece vocabulary; a clash is handled per document
+_SPARE_DELIMITERS = "\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10|^~"
+
+
+def free_delimiter(terms) -> str:
+    """A character that no term in `terms` contains (a private-use one if all the usual ones are taken)."""
+    terms = list(terms)
+    candidates = [*_SPARE_DELIMITERS, *map(chr, range(0xE000, 0xF900))]
+    return next(c for c in candidates if not any(c in t for t in terms))
+
+
+@dataclass(frozen=True)
+class ShardRange:
+    """Documents [skip, skip + take) of the shard at `path`, which holds `total` documents."""
+
+    path: str
+    skip: int
+    take: int
+    total: int
+
+
+def split_ranges(vectors: Path, shards: Sequence[Shard], writers: int) -> list[list[ShardRange]]:
+    """Cut the manifest's documents (in order) into `writers` contiguous, near-equal ranges of shard parts."""
+    total = sum(s.docs for s in shards)
+    bounds = [total * k // writers for k in range(writers + 1)]
+    plans: list[list[ShardRange]] = [[] for _ in range(writers)]
+    for shard in sorted(shards, key=lambda s: s.start):
+        for k in range(writers):
+            lo, hi = max(bounds[k], shard.start), min(bounds[k + 1], shard.start + shard.docs)
+            if lo < hi:
+                plans[k].append(ShardRange(str(vectors / shard.file), lo - shard.start, hi - lo, shard.docs))
+    return [plan for plan in plans if plan]
+
+
+Doc = tuple[str, str, str]
+
+
+def _joined(vector: dict, delimiter: str) -> tuple[str, int]:
+    """`term␁w term␁w …` and its term count (Anserini indexes a weight ≤ 0 as no token at all)."""
+    pairs = [f"{t}{delimiter}{w}" for t, w in vector.items() if w > 0]
+    return " ".join(pairs), len(pairs)
+
+
+_HEAD, _VECTOR = b'{"id":"', b'","contents":"","vector":{'
+_DELIMITER_BYTES = DELIMITER.encode()
+_TO_TEXT = bytes.maketrans(b":,", _DELIMITER_BYTES + b" ")
+
+
+def _fast_doc(line: bytes) -> tuple[str, str] | None:
+    """(id, delimited text) cut straight out of a line as `shards.json_vector_line` writes it, or None.
+
+    Such a line is `{"id":"…","contents":"","vector":{"t":w,"t":w…}}`. Without a backslash no term holds a
+    quote (JSON escapes it), so the vector's quotes are the terms' own: 2k - 1 after the first for k terms.
+    When it also holds exactly k colons and k - 1 commas, those are the structure's and no term holds one:
+    deleting the quotes and mapping `:` to the delimiter and `,` to a space is then the text, in one pass.
+    Anything else (such terms, a term with the delimiter, an impact ≤ 0, JSON spaced otherwise) takes the
+    general path.
+    """
+    end = line.rfind(b"}}")
+    if not line.startswith(_HEAD) or b"\\" in line or end < 0 or line[end + 2:].strip():
+        return None
+    at = line.find(_VECTOR)
+    body = line[at + len(_VECTOR) + 1:end]  # after the first term's opening quote
+    if at < 0 or not body:
+        return None
+    terms = (body.count(b'"') + 1) // 2
+    if (body.count(b":") != terms or body.count(b",") != terms - 1 or b":0" in body
+            or (b"-" in body and b":-" in body) or _DELIMITER_BYTES in body  # "-" first: a fast one-byte scan
+            or b" " in body or b"\t" in body or b"\r" in body):  # JSON spaced otherwise than the writer does
+        return None
+    return line[len(_HEAD):at].decode(), body.translate(_TO_TEXT, b'"').decode()
+
+
+def _jsonl_docs(part: ShardRange) -> Iterator[Doc]:
+    path = part.path
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as f:
+        for number, line in enumerate(islice(f, part.skip, part.skip + part.take), part.skip + 1):
+            fast = _fast_doc(line)
+            if fast is not None:
+                yield *fast, DELIMITER
+                continue
+            try:
+                record = orjson.loads(line)
+                doc_id, vector = record["id"], record["vector"]
+                text, terms = _joined(vector, DELIMITER)
+                if text.count(DELIMITER) == terms:
+                    yield doc_id, text, DELIMITER
+                else:  # a term holds the delimiter
+                    delimiter = free_delimiter(vector)
+                    yield doc_id, _joined(vector, delimiter)[0], delimiter
+            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+                raise ShardError(f"{path}:{number}: not a JsonVector record ({type(exc).__name__}: {exc})") \
+                    from None
+        if part.skip + part.take == part.total and next(f, None) is not None:
+            raise ShardError(_miscounted(part, f"more than {part.total:,}"))
+
+
+def _parquet_docs(part: ShardRange) -> Iterator[Doc]:
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    seen = 0
+    shard = pq.ParquetFile(part.path)
+    if shard.metadata.num_rows != part.total:
+        raise ShardError(_miscounted(part, f"{shard.metadata.num_rows:,}"))
+    for batch in shard.iter_batches(batch_size=4096, columns=["id", "terms", "weights"]):
+        lo, hi = max(part.skip - seen, 0), min(part.skip + part.take - seen, batch.num_rows)
+        seen += batch.num_rows
+        if lo >= hi:
+            if seen >= part.skip + part.take:
+                return
+            continue
+        batch = batch.slice(lo, hi - lo)
+        ids, terms, weights = (batch.column(i) for i in range(3))
+        owner = pc.list_parent_indices(terms).to_numpy()
+        flat_t, flat_w = pc.list_flatten(terms), pc.list_flatten(weights)
+        keep = pc.greater(flat_w, 0)
+        if not pc.all(keep).as_py():  # Anserini indexes a weight ≤ 0 as no token at all
+            flat_t, flat_w, owner = flat_t.filter(keep), flat_w.filter(keep), owner[keep.to_numpy(False)]
+        offsets = np.zeros(len(batch) + 1, np.int32)
+        np.cumsum(np.bincount(owner, minlength=len(batch)), out=offsets[1:])
+        pairs = pc.binary_join_element_wise(flat_t, pc.cast(flat_w, pa.string()), DELIMITER)
+        texts = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), pairs), " ").to_pylist()
+        clashes = pc.greater(pc.count_substring(flat_t, DELIMITER), 0)
+        bad = set(owner[clashes.to_numpy(False)].tolist()) if pc.any(clashes).as_py() else set()
+        for i, doc_id in enumerate(ids.to_pylist()):
+            if i in bad:
+                vector = dict(zip(terms[i].as_py(), weights[i].as_py()))
+                delimiter = free_delimiter(vector)
+                yield doc_id, _joined(vector, delimiter)[0], delimiter
+            else:
+                yield doc_id, texts[i], DELIMITER
+
+
+def read_joined(part: ShardRange) -> Iterator[Doc]:
+    """The part's documents. A shard holding other than the manifest's count of records is refused: that count
+    decides which records are indexed, so a wrong one would drop or repeat documents without a word (the checksum
+    proves the file is the one encode wrote, not that the manifest's count is)."""
+    n = 0
+    for doc in _parquet_docs(part) if part.path.endswith(".parquet") else _jsonl_docs(part):
+        n += 1
+        yield doc
+    if n != part.take:
+        raise ShardError(_miscounted(part, f"{part.skip + n:,}"))
+
+
+def _miscounted(part: ShardRange, held: str) -> str:
+    return (f"{part.path}: holds {held} records where its manifest lists {part.total:,}: the manifest was edited "
+            "or belongs to another encode; rerun `lsr-index encode --overwrite`")
+
+
+class ShardError(Exception):
+    """A record the writer cannot index; its message names the file and line."""

@@ -8,30 +8,33 @@ which indexes each term as `impact` repeated tokens.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import glob
 import json
 import os
+import pickle
+import queue
 import re
-import selectors
 import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from lsr_index.engines.index import INDEX_MANIFEST
 from lsr_index.engines.lucene.checks import check_index, count_docs
 from lsr_index.engines.lucene.jvm import anserini_jar, java_home
-from lsr_index.engines.lucene.writer import MERGE, heap_mb, split
+from lsr_index.engines.lucene.writer import MERGE, heap_mb
 from lsr_index.errors import LsrIndexError
+from lsr_index.runtime.children import PythonChild, dying_with_this_process, relay
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
 from lsr_index.runtime.progress import bar, note
 from lsr_index.vectors.manifest import MANIFEST, Manifest
-from lsr_index.vectors.shards import json_vector_line, read_shard, verify_shards
+from lsr_index.vectors.shards import json_vector_line, read_shard, split_ranges, verify_shards
 
 BUILDERS = ("direct", "anserini")
 # Each writer has fixed costs (a JVM start, a final flush, its sub-index copied in) that a small share does not
@@ -75,26 +78,6 @@ def _watch(proc: subprocess.Popen, total: int, progress: bool) -> None:
         while proc.poll() is None:
             time.sleep(0.5)
             elapsed.refresh()
-
-
-# The indexer must die with us. A SIGKILLed parent runs no cleanup, and an orphaned java would go on writing
-# into the work directory; so java is started through this launcher, which asks Linux to SIGKILL it when its
-# parent dies (PR_SET_PDEATHSIG survives exec), checks that the parent has not died already, and execs java.
-# No preexec_fn: that is unsafe once threads (the JVM of jnius, tqdm) exist in this process.
-_DIE_WITH_PARENT = """\
-import ctypes, os, signal, sys
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-except (OSError, AttributeError):  # not Linux
-    pass
-if os.getppid() != int(sys.argv[1]):
-    sys.exit(1)
-os.execv(sys.argv[2], sys.argv[2:])
-"""
-
-
-def _child_command(cmd: list[str]) -> list[str]:
-    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -279,101 +262,65 @@ def _skipped_by_anserini(vectors: Path, manifest: Manifest) -> str:
 
 # --- the direct builder -------------------------------------------------------------------------------
 
-def _writer_env() -> dict:
-    """The writer processes import this very package, wherever it was imported from."""
-    root = str(Path(__file__).resolve().parents[1])
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
-
-
 class _Writers:
-    """Writer processes (each dies with this one), their progress lines and their failures.
-
-    Their stderr comes through a pipe, not a file: on a full disk the cause must still reach the user.
-    """
+    """The writer processes (PythonChild, each ending with this process), their progress and their failures. What a
+    writer's JVM prints is captured: it stays off the terminal, and names a writer's death."""
 
     def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-        self.said: dict[int, bytes] = {}
-        self.heard: set[int] = set()  # writers whose stderr has been read to its end
+        self.children: list[PythonChild] = []
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
 
-    def start(self, work: Path, jobs: list[dict]) -> None:
-        env = _writer_env()
+    def start(self, jobs: list[dict]) -> None:
         for k, job in enumerate(jobs):
-            spec = work / f"writer-{k}.json"
-            spec.write_text(json.dumps(job))
-            cmd = _child_command([sys.executable, "-m", "lsr_index.engines.lucene.writer", str(spec)])
-            stdin = subprocess.PIPE if job.get("merge") else subprocess.DEVNULL
-            self.procs.append(subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                               env=env))
+            child = PythonChild("lsr_index.engines.lucene.writer:writer_main", f"index writer {k}", capture=True)
+            self.children.append(child)
+            with contextlib.suppress(OSError):  # dead already: its relay says so
+                pickle.dump({**job, "writer": k}, child.stdin)
+                child.stdin.flush()
+        for child in self.children:
+            threading.Thread(target=relay, args=(child, self.inbox, ("done", "refused", "failed")),
+                             daemon=True).start()
 
-    def wait(self, index: Path, update, merging) -> None:
+    def wait(self, index: Path, update: Callable[[int], object], merging: Callable[[], object]) -> None:
         """Until every writer is done; `update(n)` with each count of documents reported, `merging()` once the
-        merging writer has been told to merge. The first failure stops the rest and raises."""
-        selector = selectors.DefaultSelector()
-        progress = {}
-        for proc in self.procs:
-            selector.register(proc.stdout, selectors.EVENT_READ, proc)
-            selector.register(proc.stderr, selectors.EVENT_READ, proc)
-            progress[proc.stdout], self.said[proc.pid] = b"", b""
-        while selector.get_map():
-            for key, _ in selector.select(timeout=0.5):
-                chunk = os.read(key.fileobj.fileno(), 65536)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                    if key.fileobj is key.data.stderr:
-                        self.heard.add(key.data.pid)
-                elif key.fileobj in progress:  # counts, or what else its JVM prints there (kept for _check)
-                    *lines, progress[key.fileobj] = (progress[key.fileobj] + chunk).split(b"\n")
-                    update(sum(int(line) for line in lines if line.strip().isdigit()))
-                    said = b"".join(line + b"\n" for line in lines if line.strip() and not line.strip().isdigit())
-                    self.said[key.data.pid] = (self.said[key.data.pid] + said)[-65536:]
-                else:
-                    self.said[key.data.pid] = (self.said[key.data.pid] + chunk)[-65536:]
-            self._check(index)
-            if self._release_merger():
-                merging()
-        for proc in self.procs:
-            proc.wait()
-        self._check(index)
-
-    def _release_merger(self) -> bool:
-        """Tell the merging writer to go on once every other writer has exited cleanly (True when told now)."""
-        merger = self.procs[0]
-        if (merger.stdin is None or merger.stdin.closed or merger.poll() is not None
-                or any(p.poll() != 0 for p in self.procs[1:])):
-            return False
-        try:
-            merger.stdin.write(MERGE.encode() + b"\n")
-            merger.stdin.close()
-        except BrokenPipeError:  # it died just now: its own words, read from its stderr, say why
-            return False
-        return True
-
-    def _check(self, index: Path) -> None:
-        for proc in self.procs:
-            code = proc.poll()
-            if code in (None, 0) or proc.pid not in self.heard:
-                continue
-            said = self.said[proc.pid].decode(errors="replace").strip().splitlines()
-            if code == 1 and said:  # a record or document that cannot be indexed: the writer named it
-                raise LsrIndexError(f"{said[-1]}; nothing was published")
-            if code < 0:
-                how = f"was killed by signal {signal.Signals(-code).name}"
+        merging writer has been told to merge. The first failure raises (`stop` ends the rest)."""
+        finished: set[int] = set()
+        while len(finished) < len(self.children):
+            kind, *body = self.inbox.get()
+            if kind == "indexed":
+                update(body[1])
+            elif kind == "done":
+                finished.add(body[0])
+                if finished == set(range(1, len(self.children))):  # all but the merger: it may merge now
+                    with contextlib.suppress(OSError):  # it died just now: its relay says how
+                        pickle.dump(MERGE, self.children[0].stdin)
+                        self.children[0].stdin.flush()
+                    merging()
+            elif kind == "refused":  # a record or document that cannot be indexed: the writer named it
+                raise LsrIndexError(f"{body[1]}; nothing was published")
             else:
-                how = f"failed: {said[-1] if said else f'exit status {code}'}"
-            full = any(s in how for s in ("No space left", "Disk quota", "File too large"))
-            raise LsrIndexError(f"building {index}: an index writer {how}" + (" (free some space and rerun)"
-                                if full else "") + "; nothing was published")
+                raise LsrIndexError(f"building {index}: an index writer {self._how(kind, body)}"
+                                    + (" (free some space and rerun)" if _disk_full(self._how(kind, body)) else "")
+                                    + "; nothing was published")
 
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
-                if pipe is not None and not pipe.closed:
-                    pipe.close()
+    @staticmethod
+    def _how(kind: str, body: list) -> str:
+        if kind == "failed":
+            return f"failed: {body[1]}"
+        child: PythonChild = body[0]  # gone without a word
+        code = child.exit_code(10)
+        if code is not None and code < 0:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        said = child.said().strip().splitlines()
+        return f"failed: {said[-1] if said else f'exit status {code}'}"
+
+    def stop(self, finished: bool) -> None:
+        for child in self.children:
+            child.close(finished=finished)
+
+
+def _disk_full(text: str) -> bool:
+    return any(s in text for s in ("No space left", "Disk quota", "File too large"))
 
 
 def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int | None,
@@ -382,19 +329,20 @@ def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, bu
     if threads and threads > cores:
         note(f"--threads {threads}: {cores} core(s) available, so {cores} writer process(es)", progress)
     count = min(threads, cores) if threads else max(1, min(cores, manifest.nonzeros // _MIN_POSTINGS_PER_WRITER))
-    plans = split(vectors, manifest.shards, count) or [[]]
+    plans = split_ranges(vectors, manifest.shards, count) or [[]]
     # writer 0 writes the index itself, then adds the others' sub-indexes to it
     subs = [built, *(work / f"part-{k}" for k in range(1, len(plans)))]
     jobs = [{"index": str(sub), "heap": heap, "parts": [vars(p) for p in plan]} for sub, plan in zip(subs, plans)]
     jobs[0]["merge"] = [str(s) for s in subs[1:]]
     with bar(progress, total=manifest.docs, unit=" doc",
              desc=f"index ({len(plans)} writer{'s' if len(plans) > 1 else ''})") as indexing:
-        writers = _Writers()
+        writers, finished = _Writers(), False
         try:
-            writers.start(work, jobs)
+            writers.start(jobs)
             writers.wait(index, indexing.update, merging=lambda: indexing.set_description("merge"))
+            finished = True
         finally:  # Ctrl-C or a failure: no writer outlives this build
-            writers.stop()
+            writers.stop(finished)
     return len(plans)
 
 
@@ -410,7 +358,7 @@ def _build_anserini(vectors: Path, manifest: Manifest, index: Path, work: Path, 
            "-generator", "DefaultLuceneDocumentGenerator", "-impact", "-pretokenized",
            "-threads", str(threads)]
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(_child_command(cmd), stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(dying_with_this_process(cmd), stdout=sink, stderr=subprocess.STDOUT)
         watcher = threading.Thread(target=_watch, args=(proc, manifest.docs, progress), daemon=True)
         try:
             watcher.start()
