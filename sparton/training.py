@@ -41,7 +41,7 @@ from .splade_head import (
     _tma_ready,
 )
 
-_NO_ROW = 2147483647  # above every row: min() ignores it
+_NO_ROW = tl.constexpr(2147483647)  # above every row: min() ignores it
 
 
 # ---------------------------------------------------------------------------------------------------- forward
@@ -307,14 +307,14 @@ def _grad_bias_kernel(grad_ptr, out_ptr, db_ptr, stride_gd, stride_gv, stride_w,
     """db[v] = Σ_d g[d, v], in a fixed order."""
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_ok = offs_v < V
-    acc = tl.zeros((BLOCK_D, BLOCK_V), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_V,), dtype=tl.float32)
     for d0 in range(0, B, BLOCK_D):
         docs = (d0 + tl.arange(0, BLOCK_D)).to(tl.int64)
         ok = (docs < B)[:, None] & v_ok[None, :]
         go = tl.load(grad_ptr + docs[:, None] * stride_gd + offs_v[None, :] * stride_gv, mask=ok, other=0.0)
         w = tl.load(out_ptr + docs[:, None] * stride_w + offs_v[None, :], mask=ok, other=0.0)
-        acc += _grad_pre(go, w, DOUBLE_LOG)
-    tl.store(db_ptr + offs_v, tl.sum(acc, axis=0).to(db_ptr.dtype.element_ty), mask=v_ok)
+        acc += tl.sum(_grad_pre(go, w, DOUBLE_LOG), axis=0)
+    tl.store(db_ptr + offs_v, acc.to(db_ptr.dtype.element_ty), mask=v_ok)
 
 
 # ---------------------------------------------------------------------------------------------------- launchers
@@ -325,13 +325,17 @@ FORWARD_16 = {"BLOCK_V": 256, "BLOCK_L": 128, "BLOCK_K": 64, "GROUP_S": 8, "SLAB
               "num_warps": 8, "num_stages": 3}
 FORWARD_32 = {"BLOCK_V": 128, "BLOCK_L": 64, "BLOCK_K": 32, "GROUP_S": 8, "SLAB": 16, "SEGMENT": 1024,
               "num_warps": 8, "num_stages": 3}
-# Backward tiles: 128 × 256 fp32 accumulators (128 registers a thread at 8 warps, as the forward's); the S tile is
-# built in registers from gathers, so its K side is kept at 32 (16 elements a thread). BLOCK_H shrinks to divide H.
-GRAD_HIDDEN_16 = {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4}
-GRAD_WEIGHT_16 = {"BLOCK_V": 128, "BLOCK_H": 256, "BLOCK_T": 32, "num_warps": 8, "num_stages": 4}
-GRAD_HIDDEN_32 = {"BLOCK_T": 64, "BLOCK_H": 128, "BLOCK_K": 32, "num_warps": 4, "num_stages": 3}
-GRAD_WEIGHT_32 = {"BLOCK_V": 64, "BLOCK_H": 128, "BLOCK_T": 32, "num_warps": 4, "num_stages": 3}
-GRAD_BIAS = {"BLOCK_D": 32, "BLOCK_V": 256}
+# Backward tiles: 128 × 256 fp32 accumulators (128 registers a thread at 8 warps, as the forward's). The S tile is
+# built in registers: where each tile lies in one document (ONE_DOC) from [K] slices of the document's rows, K = 32;
+# otherwise from per-element gathers, pipelined through shared memory by cp.async, whose addresses take registers:
+# K = 16 keeps them from spilling (sm_90, ptxas: 224 and 208 registers; K = 32 spilled 144 and 56 bytes).
+GRAD_HIDDEN_16 = {"one_doc": {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
+                  "gather": {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 16, "num_warps": 8, "num_stages": 4}}
+GRAD_WEIGHT_16 = {"one_doc": {"BLOCK_V": 128, "BLOCK_H": 256, "BLOCK_T": 32, "num_warps": 8, "num_stages": 4},
+                  "gather": {"BLOCK_V": 128, "BLOCK_H": 256, "BLOCK_T": 16, "num_warps": 8, "num_stages": 4}}
+GRAD_HIDDEN_32 = {"BLOCK_T": 64, "BLOCK_H": 128, "BLOCK_K": 16, "num_warps": 4, "num_stages": 3}
+GRAD_WEIGHT_32 = {"BLOCK_V": 64, "BLOCK_H": 128, "BLOCK_T": 16, "num_warps": 4, "num_stages": 3}
+GRAD_BIAS = {"BLOCK_D": 16, "BLOCK_V": 128}
 # Under TRITON_INTERPRET=1: small tiles, so that small shapes cover several windows per segment, documents over
 # windows and segments, several documents per slab, odd segment edges and several K steps.
 INTERPRETER_FORWARD = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_S": 2, "SLAB": 4, "SEGMENT": 40}
@@ -401,12 +405,16 @@ def _forward(tokens: Tensor, weight: Tensor, bias: Tensor | None, keep: Tensor |
     return out, arg
 
 
-def _block_h(config: dict, hidden: int) -> dict:
-    """The config with BLOCK_H lowered to a power of two dividing H (≥ 16)."""
-    block = config["BLOCK_H"]
-    while hidden % block:
-        block //= 2
-    return {**config, "BLOCK_H": block}
+def _pick(configs: dict, hidden: int, rows_key: str, padded_len: int | None) -> tuple[dict, bool]:
+    """(config, ONE_DOC) for a backward kernel: the one-document config where every tile of its rows lies in one
+    document (padded input whose length its BLOCK rows divide), else the gather one; BLOCK_H lowered to a power of
+    two dividing H. A plain config (tests, interpreter) serves both paths."""
+    one = configs.get("one_doc", configs)
+    one_doc = padded_len is not None and padded_len % one[rows_key] == 0
+    config = dict(one if one_doc else configs.get("gather", configs))
+    while hidden % config["BLOCK_H"]:
+        config["BLOCK_H"] //= 2
+    return config, one_doc
 
 
 def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, doc: Tensor,
@@ -427,7 +435,9 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
             configs = (GRAD_HIDDEN_32, GRAD_WEIGHT_32, GRAD_BIAS)
         else:
             configs = (GRAD_HIDDEN_16, GRAD_WEIGHT_16, GRAD_BIAS)
-    cfg_h, cfg_w, cfg_b = _block_h(configs[0], hidden), _block_h(configs[1], hidden), configs[2]
+    (cfg_h, one_doc_h), (cfg_w, one_doc_w) = (_pick(configs[0], hidden, "BLOCK_T", padded_len),
+                                              _pick(configs[1], hidden, "BLOCK_T", padded_len))
+    cfg_b = configs[2]
     dh_buf, dw_buf, db_buf = grads if grads is not None else (None, None, None)
     empty = tokens.new_empty(0)
     dh = (dh_buf if dh_buf is not None else torch.empty_like(tokens)) if need_hidden else empty
@@ -451,19 +461,15 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
     tokens = _tma_ready(tokens)
     with _on(device):
         if need_hidden:
-            block_t = cfg_h["BLOCK_T"]
-            one_doc = padded_len is not None and padded_len % block_t == 0
             weight_desc = TensorDescriptor.from_tensor(_tma_ready(weight), [cfg_h["BLOCK_K"], cfg_h["BLOCK_H"]])
-            grid = (triton.cdiv(n_rows, block_t) * (hidden // cfg_h["BLOCK_H"]),)
+            grid = (triton.cdiv(n_rows, cfg_h["BLOCK_T"]) * (hidden // cfg_h["BLOCK_H"]),)
             _grad_hidden_kernel[grid](weight_desc, grad, out, arg, doc, scale, dh, *strides, n_rows, n_vocab, hidden,
-                                      ONE_DOC=one_doc, DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_h)
+                                      ONE_DOC=one_doc_h, DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_h)
         if need_weight:
-            block_t = cfg_w["BLOCK_T"]
-            one_doc = padded_len is not None and padded_len % block_t == 0
-            tokens_desc = TensorDescriptor.from_tensor(tokens, [block_t, cfg_w["BLOCK_H"]])
+            tokens_desc = TensorDescriptor.from_tensor(tokens, [cfg_w["BLOCK_T"], cfg_w["BLOCK_H"]])
             grid = (triton.cdiv(n_vocab, cfg_w["BLOCK_V"]) * (hidden // cfg_w["BLOCK_H"]),)
             _grad_weight_kernel[grid](tokens_desc, grad, out, arg, doc, scale, dw, *strides, n_rows, n_vocab, hidden,
-                                      ONE_DOC=one_doc, DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_w)
+                                      ONE_DOC=one_doc_w, DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_w)
         if need_bias:
             grid = (triton.cdiv(n_vocab, cfg_b["BLOCK_V"]),)
             _grad_bias_kernel[grid](grad, out, db, *strides, n_docs, n_vocab, DOUBLE_LOG=double_log, **cfg_b)
