@@ -14,8 +14,8 @@ the eager head, dynamic=False). Bodies: BERT-base (V = 30,522) and XLM-R-base (V
 
 Sections (--sections, default all):
   step    step time at the same batch (median of --steps steps after warm-up), each head;
-  memory  the head alone, forward + backward on 256-token documents: peak memory beyond its inputs, its output and
-          the gradients (torch.cuda.max_memory_allocated deltas);
+  memory  the head alone, forward + backward on the step's documents (256 tokens): peak memory beyond its inputs,
+          its output, the gradients and (Sparton) the saved argmax (torch.cuda.max_memory_allocated deltas);
   batch   the largest batch whose training step fits the GPU, sparton and eager (doubling, then bisection; capped
           in batch and seconds; an OOM probe empties the cache before the next);
   curves  a tiny BERT (2 layers, H = 128, V = 30,522) trained for --curve-steps steps on synthetic query/document
@@ -106,8 +106,11 @@ def eager_head(hidden: Tensor, weight: Tensor, bias: Tensor, mask: Tensor) -> Te
 
 
 def sparton_head(hidden: Tensor, weight: Tensor, bias: Tensor, mask: Tensor) -> Tensor:
-    dtype = torch.bfloat16 if hidden.is_cuda else torch.float32
-    return sparton.splade_max(hidden.to(dtype), weight.to(dtype), bias, mask)
+    """hidden and weight in one dtype (the kernel's); the step hands it a bf16 decoder made once for both sides."""
+    return sparton.splade_max(hidden.to(weight.dtype), weight, bias, mask)
+
+
+sparton_head.decoder_dtype = torch.bfloat16  # on CUDA; the eager heads get the fp32 decoder (autocast casts it)
 
 
 def make_heads(device: str, names: tuple[str, ...]) -> dict[str, Callable]:
@@ -144,9 +147,12 @@ def splade_loss(q: Tensor, d: Tensor) -> Tensor:
 
 def train_step(model: Splade, head: Callable, optimizer: torch.optim.Optimizer, batch, device: str) -> float:
     (q_ids, q_mask), (d_ids, d_mask) = batch
+    decoder = model.decoder
+    if device == "cuda" and getattr(head, "decoder_dtype", None) is not None:
+        decoder = decoder.to(head.decoder_dtype)
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device == "cuda"):
-        q = head(model.hidden(q_ids, q_mask), model.decoder, model.bias, q_mask)
-        d = head(model.hidden(d_ids, d_mask), model.decoder, model.bias, d_mask)
+        q = head(model.hidden(q_ids, q_mask), decoder, model.bias, q_mask)
+        d = head(model.hidden(d_ids, d_mask), decoder, model.bias, d_mask)
         loss = splade_loss(q.float(), d.float())
     loss.backward()
     optimizer.step()
@@ -210,27 +216,35 @@ def section_step(model, heads, device, vocab, batch, args, gen) -> list[dict]:
 
 
 def section_memory(heads, device, vocab, hidden_size, batch) -> list[dict]:
-    """The head alone on bf16 [B, 256, H] hidden states and a bf16 decoder, all three requiring grad."""
+    """The head alone, as the step calls it on documents: fp32 [B, 256, H] hidden states (the LayerNorm's output
+    under autocast), the fp32 decoder (the Sparton head's bf16 copy is made inside the measurement), fp32 bias, all
+    requiring grad. Same shapes and dtypes as the step, so torch.compile's graphs are reused."""
     rows = []
     if device != "cuda":
         return rows
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name, head in heads.items():
         release(device)
-        h = torch.randn(batch, DOC_LEN, hidden_size, device="cuda", generator=gen, dtype=torch.bfloat16)
-        h.requires_grad_()
-        w = (torch.randn(vocab, hidden_size, device="cuda", generator=gen) * 0.02).to(torch.bfloat16).requires_grad_()
+        h = torch.randn(batch, DOC_LEN, hidden_size, device="cuda", generator=gen).requires_grad_()
+        w = (torch.randn(vocab, hidden_size, device="cuda", generator=gen) * 0.02).requires_grad_()
         b = torch.zeros(vocab, device="cuda", requires_grad=True)
         mask = (torch.arange(DOC_LEN, device="cuda")[None, :] < torch.randint(128, 257, (batch, 1), device="cuda"))
+        mask = mask.long()
         grad = torch.randn(batch, vocab, device="cuda", generator=gen)
+
+        def call(head=head, h=h, w=w, b=b, mask=mask):
+            decoder = w.to(head.decoder_dtype) if getattr(head, "decoder_dtype", None) is not None else w
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                return head(h, decoder, b, mask)
+
         try:
-            head(h, w, b, mask).backward(grad)  # warm-up: compilation, autotuning, lazy workspaces
+            call().backward(grad)  # warm-up: compilation, autotuning, lazy workspaces
             h.grad = w.grad = b.grad = None
             release(device)
             sync(device)
             before = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
-            out = head(h, w, b, mask)
+            out = call()
             forward_peak = torch.cuda.max_memory_allocated() - before
             out.backward(grad)
             sync(device)
@@ -438,7 +452,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--batch-cap", type=int, default=2048)
     parser.add_argument("--batch-seconds", type=float, default=35.0, help="time budget of one largest-batch search")
-    parser.add_argument("--memory-batch", type=int, default=32)
     parser.add_argument("--curve-steps", type=int, default=300)
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -477,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
             if "step" in sections:
                 rows += section_step(model, heads, args.device, vocab, step_batch, args, gen)
             if "memory" in sections:
-                rows += section_memory(heads, args.device, vocab, model.decoder.shape[1], args.memory_batch)
+                rows += section_memory(heads, args.device, vocab, model.decoder.shape[1], step_batch)
             if "batch" in sections:
                 rows += section_batch(model, heads, args.device, vocab, args, gen)
             del model, heads

@@ -421,9 +421,9 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
               padded_len: int | None, activation: str, need_hidden: bool = True, need_weight: bool = True,
               need_bias: bool = True, grads: tuple[Tensor | None, Tensor | None, Tensor | None] | None = None,
               configs: tuple[dict, dict, dict] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(d tokens [T, H], dW [V, H], db [V]); a gradient not asked for comes back empty. padded_len: the documents'
-    common row count (padded input), which lets a tile inside one document read its [V] slices once. grads: buffers
-    to write into (tests poison them); configs: (hidden, weight, bias) tile configs."""
+    """(d tokens [T, H], dW [V, H], db float32 [V]); a gradient not asked for comes back empty. padded_len: the
+    documents' common row count (padded input), which lets a tile inside one document read its [V] slices once.
+    grads: buffers to write into (tests poison them); configs: (hidden, weight, bias) tile configs."""
     n_rows, hidden = tokens.shape
     n_docs, n_vocab = out.shape
     device = tokens.device
@@ -442,7 +442,8 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
     # a gradient not asked for: an empty tensor of its own (a custom op's outputs may not alias each other)
     dh = (dh_buf if dh_buf is not None else torch.empty_like(tokens)) if need_hidden else tokens.new_empty(0)
     dw = (dw_buf if dw_buf is not None else torch.empty_like(weight)) if need_weight else weight.new_empty(0)
-    db = (db_buf if db_buf is not None else weight.new_empty(n_vocab)) if need_bias else weight.new_empty(0)
+    db = (db_buf if db_buf is not None else weight.new_empty(n_vocab, dtype=torch.float32)) if need_bias \
+        else weight.new_empty(0)
     if n_rows == 0 or n_vocab == 0 or n_docs == 0:
         for t in (dh, dw, db):
             t.zero_()
@@ -553,7 +554,7 @@ def _(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, do
       activation: str, need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     return (torch.empty_like(tokens) if need_hidden else tokens.new_empty(0),
             torch.empty_like(weight) if need_weight else weight.new_empty(0),
-            weight.new_empty(weight.shape[0]) if need_bias else weight.new_empty(0))
+            weight.new_empty(weight.shape[0], dtype=torch.float32) if need_bias else weight.new_empty(0))
 
 
 def _bias_grad(db: Tensor, bias: Tensor | None) -> Tensor | None:
