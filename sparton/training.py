@@ -182,7 +182,7 @@ def _grad_pre(go, w, DOUBLE_LOG: tl.constexpr):
     return tl.where(w > 0, go * slope, 0.0)
 
 
-@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "T", "V"])
+@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "T", "V", "SPLIT_V"])
 def _grad_hidden_kernel(
     weight_desc,  # [V, H], block [BLOCK_K, BLOCK_H]
     grad_ptr,  # [B, V] upstream gradient, any strides
@@ -191,11 +191,13 @@ def _grad_hidden_kernel(
     doc_ptr,  # [T] int32 document of each row
     scale_ptr,  # fp32 scalar: S is multiplied by it before the 16-bit cast (fp16 range), or None
     dh_ptr,  # [T, H] output, hidden's dtype
+    part_ptr,  # [n_splits, T, H] fp32 partial sums (the vocabulary split in ranges), or None: dh_ptr directly
     stride_gd,
     stride_gv,
     stride_w,
     T,
     V,
+    SPLIT_V,  # vocabulary entries per split, a multiple of BLOCK_K
     H: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -204,10 +206,15 @@ def _grad_hidden_kernel(
     DOUBLE_LOG: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dH[t, h] = Σ_v S[t, v]·W[v, h]: a [BLOCK_T, BLOCK_H] tile, K = the vocabulary."""
+    """dH[t, h] = Σ_v S[t, v]·W[v, h]: a [BLOCK_T, BLOCK_H] tile, K = the vocabulary (or one split of it)."""
     n_h = H // BLOCK_H
-    t0 = (tl.program_id(0) // n_h) * BLOCK_T
-    h0 = (tl.program_id(0) % n_h) * BLOCK_H
+    n_tiles = tl.cdiv(T, BLOCK_T) * n_h
+    tile = tl.program_id(0) % n_tiles
+    split = tl.program_id(0) // n_tiles
+    t0 = (tile // n_h) * BLOCK_T
+    h0 = (tile % n_h) * BLOCK_H
+    v_lo = split * SPLIT_V
+    v_hi = tl.minimum(v_lo + SPLIT_V, V)
     rows = t0 + tl.arange(0, BLOCK_T)
     row_ok = rows < T
     if ONE_DOC:
@@ -218,9 +225,9 @@ def _grad_hidden_kernel(
     if scale_ptr is not None:
         scale = tl.load(scale_ptr)
     acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-    for k in range(0, V, BLOCK_K):
+    for k in range(v_lo, v_hi, BLOCK_K):
         cols = k + tl.arange(0, BLOCK_K)
-        col_ok = cols < V
+        col_ok = cols < v_hi
         if ONE_DOC:
             # the document's [BLOCK_K] slice once; each row of the tile picks the columns whose argmax it is
             arg = tl.load(arg_ptr + doc_base * stride_w + cols, mask=col_ok, other=-1)
@@ -238,9 +245,11 @@ def _grad_hidden_kernel(
         wt = weight_desc.load([k, h0])
         acc = tl.dot(s.to(wt.dtype), wt, acc, input_precision=DOT_PRECISION)
     acc = acc / scale
-    offs_h = h0 + tl.arange(0, BLOCK_H)
-    tl.store(dh_ptr + rows[:, None].to(tl.int64) * H + offs_h[None, :], acc.to(dh_ptr.dtype.element_ty),
-             mask=row_ok[:, None])
+    offs = rows[:, None].to(tl.int64) * H + (h0 + tl.arange(0, BLOCK_H))[None, :]
+    if part_ptr is None:
+        tl.store(dh_ptr + offs, acc.to(dh_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        tl.store(part_ptr + split.to(tl.int64) * T * H + offs, acc, mask=row_ok[:, None])
 
 
 @triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "T", "V"])
@@ -336,6 +345,10 @@ GRAD_WEIGHT_16 = {"one_doc": {"BLOCK_V": 128, "BLOCK_H": 256, "BLOCK_T": 32, "nu
 GRAD_HIDDEN_32 = {"BLOCK_T": 64, "BLOCK_H": 128, "BLOCK_K": 16, "num_warps": 4, "num_stages": 3}
 GRAD_WEIGHT_32 = {"BLOCK_V": 64, "BLOCK_H": 128, "BLOCK_T": 16, "num_warps": 4, "num_stages": 3}
 GRAD_BIAS = {"BLOCK_D": 16, "BLOCK_V": 128}
+# dH has few tiles when T is small (queries; the large batches a 250,002-term head trains at are not): the vocabulary
+# is then split in ranges whose fp32 partial sums go to a scratch of at most this size and are added in a fixed
+# order, until the programs fill the GPU twice over (each range ≥ 32 K steps).
+SPLIT_SCRATCH = 8 * 2**20
 # Under TRITON_INTERPRET=1: small tiles, so that small shapes cover several windows per segment, documents over
 # windows and segments, several documents per slab, odd segment edges and several K steps.
 INTERPRETER_FORWARD = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_S": 2, "SLAB": 4, "SEGMENT": 40}
@@ -462,10 +475,20 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
     tokens = _tma_ready(tokens)
     with _on(device):
         if need_hidden:
-            weight_desc = TensorDescriptor.from_tensor(_tma_ready(weight), [cfg_h["BLOCK_K"], cfg_h["BLOCK_H"]])
-            grid = (triton.cdiv(n_rows, cfg_h["BLOCK_T"]) * (hidden // cfg_h["BLOCK_H"]),)
-            _grad_hidden_kernel[grid](weight_desc, grad, out, arg, doc, scale, dh, *strides, n_rows, n_vocab, hidden,
-                                      ONE_DOC=one_doc_h, DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_h)
+            cfg_h = dict(cfg_h)
+            block_k = cfg_h["BLOCK_K"]
+            tiles = triton.cdiv(n_rows, cfg_h["BLOCK_T"]) * (hidden // cfg_h["BLOCK_H"])
+            splits = cfg_h.pop("SPLIT", None) or _splits(tiles, _programs(device), n_rows * hidden * 4,
+                                                         triton.cdiv(n_vocab, block_k))
+            split_v = triton.cdiv(triton.cdiv(n_vocab, splits), block_k) * block_k
+            splits = triton.cdiv(n_vocab, split_v)
+            parts = torch.empty(splits, n_rows, hidden, dtype=torch.float32, device=device) if splits > 1 else None
+            weight_desc = TensorDescriptor.from_tensor(_tma_ready(weight), [block_k, cfg_h["BLOCK_H"]])
+            _grad_hidden_kernel[(tiles * splits,)](
+                weight_desc, grad, out, arg, doc, scale, dh, parts, *strides, n_rows, n_vocab, split_v, hidden,
+                ONE_DOC=one_doc_h, DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_h)
+            if parts is not None:
+                dh.copy_(parts.sum(dim=0))
         if need_weight:
             tokens_desc = TensorDescriptor.from_tensor(tokens, [cfg_w["BLOCK_T"], cfg_w["BLOCK_H"]])
             grid = (triton.cdiv(n_vocab, cfg_w["BLOCK_V"]) * (hidden // cfg_w["BLOCK_H"]),)
@@ -475,6 +498,12 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
             grid = (triton.cdiv(n_vocab, cfg_b["BLOCK_V"]),)
             _grad_bias_kernel[grid](grad, out, db, *strides, n_docs, n_vocab, DOUBLE_LOG=double_log, **cfg_b)
     return dh, dw, db
+
+
+def _splits(tiles: int, programs: int, part_bytes: int, k_steps: int) -> int:
+    """How many vocabulary ranges dH's K loop is split in (see SPLIT_SCRATCH)."""
+    wanted = triton.cdiv(2 * programs, tiles)
+    return max(1, min(wanted, SPLIT_SCRATCH // part_bytes, k_steps // 32))
 
 
 def _padded_rows(hidden: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -240,6 +240,28 @@ def test_poisoned_gradient_buffers_are_fully_written(packed, seed):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("splits", [2, 3])
+def test_grad_hidden_split_over_the_vocabulary(splits, seed):
+    """dH's K loop split in vocabulary ranges (what small token counts get on a GPU): the fp32 partials are summed
+    into every element of a poisoned buffer and match the unsplit result."""
+    h, w, b, g = _inputs(seed, 3, 21, 32, 83, torch.float16)
+    mask = torch.rand(3, 21, generator=g) < 0.8
+    grad = torch.randn(3, 83, generator=g)
+    out, arg = training.splade_max_argmax_triton(h, w, b, mask)
+    tokens = h.reshape(-1, 32)
+    doc = torch.arange(3, dtype=torch.int32).repeat_interleave(21)
+    whole = training._backward(grad, out, arg, tokens, w, doc, None, "log1p_relu", need_weight=False,
+                               need_bias=False)[0]
+    configs = ({**training.INTERPRETER_GRAD_HIDDEN, "SPLIT": splits}, training.INTERPRETER_GRAD_WEIGHT,
+               training.INTERPRETER_GRAD_BIAS)
+    poisoned = torch.full_like(tokens, float("nan"))
+    split = training._backward(grad, out, arg, tokens, w, doc, None, "log1p_relu", need_weight=False,
+                               need_bias=False, grads=(poisoned, None, None), configs=configs)[0]
+    assert split is poisoned and torch.isfinite(split).all(), f"seed {seed}"
+    assert torch.allclose(split.float(), whole.float(), rtol=2e-3, atol=1e-5), f"seed {seed}"
+
+
+@needs_interpreter
 def test_expanded_gradient_and_partial_requires_grad(seed):
     """out.sum() sends an expanded gradient (stride 0); only hidden requiring grad computes dH alone; a frozen
     hidden (a probe on a fixed body) computes dW and db alone."""

@@ -117,6 +117,30 @@ def test_packed_forward_and_backward(vocab, dtype, seed):
     _check_backward(grad, out, arg, tokens, w, doc, None, dtype, seed, f"packed V={vocab} {dtype}")
 
 
+@pytest.mark.parametrize("vocab", [30_522, 250_002])
+def test_query_batches_split_the_vocabulary(vocab, seed):
+    """8 queries of 32 tokens: dH has 6 tiles, so its vocabulary is split in ranges (fp32 partials, fixed-order
+    sum); against the float64 products, into a poisoned buffer."""
+    h, w, b, mask, g = _padded(seed, vocab, torch.bfloat16, batch=8, seq=32)
+    out, arg = training.splade_max_argmax_triton(h, w, b, mask)
+    tokens = h.reshape(-1, HIDDEN)
+    doc = torch.arange(8, device="cuda", dtype=torch.int32).repeat_interleave(32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    assert training._splits(6, sms, tokens.shape[0] * HIDDEN * 4, triton_cdiv(vocab, 16)) > 1
+    grad = torch.randn(8, vocab, device="cuda", generator=g)
+    poisoned = torch.full_like(tokens, float("nan"))
+    dh, _, _ = training._backward(grad, out, arg, tokens, w, doc, 32, "log1p_relu", need_weight=False,
+                                  need_bias=False, grads=(poisoned, None, None))
+    want = reference._argmax_backward(grad.double(), out, arg.long(), tokens.double(), w.double(), "log1p_relu",
+                                      (True, False, False))[0]
+    assert torch.isfinite(dh).all(), f"seed {seed}"
+    assert _rel(dh, want) <= TOL[torch.bfloat16], f"seed {seed}"
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 @pytest.mark.parametrize("packed", [False, True])
 def test_poisoned_gradients_and_odd_vocabulary(packed, seed):
     """NaN-filled gradient buffers are fully written (both backward paths) at an odd vocabulary size; bias None."""
