@@ -452,9 +452,10 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
                                               _pick(configs[1], hidden, "BLOCK_T", padded_len))
     cfg_b = configs[2]
     dh_buf, dw_buf, db_buf = grads if grads is not None else (None, None, None)
-    # a gradient not asked for: an empty tensor of its own (a custom op's outputs may not alias each other)
-    dh = (dh_buf if dh_buf is not None else torch.empty_like(tokens)) if need_hidden else tokens.new_empty(0)
-    dw = (dw_buf if dw_buf is not None else torch.empty_like(weight)) if need_weight else weight.new_empty(0)
+    # row-major, whatever the inputs' strides (the kernels write rows of H); a gradient not asked for: an empty
+    # tensor of its own (a custom op's outputs may not alias each other)
+    dh = (dh_buf if dh_buf is not None else tokens.new_empty(tokens.shape)) if need_hidden else tokens.new_empty(0)
+    dw = (dw_buf if dw_buf is not None else weight.new_empty(weight.shape)) if need_weight else weight.new_empty(0)
     db = (db_buf if db_buf is not None else weight.new_empty(n_vocab, dtype=torch.float32)) if need_bias \
         else weight.new_empty(0)
     if n_rows == 0 or n_vocab == 0 or n_docs == 0:
@@ -581,8 +582,8 @@ def splade_max_backward_op(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tenso
 @splade_max_backward_op.register_fake
 def _(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, doc: Tensor, padded_len: int | None,
       activation: str, need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return (torch.empty_like(tokens) if need_hidden else tokens.new_empty(0),
-            torch.empty_like(weight) if need_weight else weight.new_empty(0),
+    return (tokens.new_empty(tokens.shape) if need_hidden else tokens.new_empty(0),
+            weight.new_empty(weight.shape) if need_weight else weight.new_empty(0),
             weight.new_empty(weight.shape[0], dtype=torch.float32) if need_bias else weight.new_empty(0))
 
 

@@ -277,6 +277,22 @@ def test_expanded_gradient_and_partial_requires_grad(seed):
 
 
 @needs_interpreter
+def test_non_contiguous_inputs(seed):
+    """Transposed views for hidden and weight (the gradients come back in their shapes, row-major inside)."""
+    h, w, b, g = _inputs(seed, 2, 18, 32, 37, torch.float32)
+    mask = torch.rand(2, 18, generator=g) < 0.8
+    grad = torch.randn(2, 37, generator=g)
+    ht = h.transpose(0, 1).contiguous().clone().requires_grad_()  # [L, B, H] storage, viewed back as [B, L, H]
+    wt = w.T.contiguous().clone().requires_grad_()  # [H, V] storage
+    out = sparton.splade_max(ht.transpose(0, 1), wt.T, b, mask, backend="triton")
+    (out * grad).sum().backward()
+    _, arg = training.splade_max_argmax_triton(h, w, b, mask)
+    want = _oracle(h, w, b, mask, grad, choice=_positions(arg, 18))
+    assert _rel(ht.grad.transpose(0, 1), want[2]) <= TOL[torch.float32], f"seed {seed}"
+    assert _rel(wt.grad.T, want[3]) <= TOL[torch.float32], f"seed {seed}"
+
+
+@needs_interpreter
 def test_no_gradient_needed_runs_the_inference_kernel(monkeypatch, seed):
     """Under no_grad, or with no input requiring grad, the inference kernel runs and no argmax is written; with a
     gradient needed, the training kernel runs."""
