@@ -338,8 +338,11 @@ FORWARD_32 = {"BLOCK_V": 128, "BLOCK_L": 64, "BLOCK_K": 32, "GROUP_S": 8, "SLAB"
 # built in registers: where each tile lies in one document (ONE_DOC) from [K] slices of the document's rows, K = 32;
 # otherwise from per-element gathers, pipelined through shared memory by cp.async, whose addresses take registers:
 # K = 16 keeps them from spilling (sm_90, ptxas: 224 and 208 registers; K = 32 spilled 144 and 56 bytes).
+# dH with fewer 128-row tiles than SMs ("small": 64-row tiles, both paths; 107 and 176 registers) doubles its tiles
+# before splitting the vocabulary.
 GRAD_HIDDEN_16 = {"one_doc": {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
-                  "gather": {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 16, "num_warps": 8, "num_stages": 4}}
+                  "gather": {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 16, "num_warps": 8, "num_stages": 4},
+                  "small": {"BLOCK_T": 64, "BLOCK_H": 256, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4}}
 GRAD_WEIGHT_16 = {"one_doc": {"BLOCK_V": 128, "BLOCK_H": 256, "BLOCK_T": 32, "num_warps": 8, "num_stages": 4},
                   "gather": {"BLOCK_V": 128, "BLOCK_H": 256, "BLOCK_T": 16, "num_warps": 8, "num_stages": 4}}
 GRAD_HIDDEN_32 = {"BLOCK_T": 64, "BLOCK_H": 128, "BLOCK_K": 16, "num_warps": 4, "num_stages": 3}
@@ -418,15 +421,20 @@ def _forward(tokens: Tensor, weight: Tensor, bias: Tensor | None, keep: Tensor |
     return out, arg
 
 
-def _pick(configs: dict, hidden: int, rows_key: str, padded_len: int | None) -> tuple[dict, bool]:
+def _pick(configs: dict, hidden: int, padded_len: int | None, n_rows: int | None = None,
+          programs: int = 0) -> tuple[dict, bool]:
     """(config, ONE_DOC) for a backward kernel: the one-document config where every tile of its rows lies in one
-    document (padded input whose length its BLOCK rows divide), else the gather one; BLOCK_H lowered to a power of
-    two dividing H. A plain config (tests, interpreter) serves both paths."""
+    document (padded input whose length its BLOCK_T divides), else the gather one; the "small" one where the chosen
+    one has fewer tiles than programs (n_rows given); BLOCK_H lowered to a power of two dividing H. A plain config
+    (tests, interpreter) serves every case."""
     one = configs.get("one_doc", configs)
-    one_doc = padded_len is not None and padded_len % one[rows_key] == 0
+    one_doc = padded_len is not None and padded_len % one["BLOCK_T"] == 0
     config = dict(one if one_doc else configs.get("gather", configs))
     while hidden % config["BLOCK_H"]:
         config["BLOCK_H"] //= 2
+    if "small" in configs and n_rows is not None and \
+            triton.cdiv(n_rows, config["BLOCK_T"]) * (hidden // config["BLOCK_H"]) < programs:
+        return _pick(configs["small"], hidden, padded_len)
     return config, one_doc
 
 
@@ -448,8 +456,8 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
             configs = (GRAD_HIDDEN_32, GRAD_WEIGHT_32, GRAD_BIAS)
         else:
             configs = (GRAD_HIDDEN_16, GRAD_WEIGHT_16, GRAD_BIAS)
-    (cfg_h, one_doc_h), (cfg_w, one_doc_w) = (_pick(configs[0], hidden, "BLOCK_T", padded_len),
-                                              _pick(configs[1], hidden, "BLOCK_T", padded_len))
+    (cfg_h, one_doc_h), (cfg_w, one_doc_w) = (_pick(configs[0], hidden, padded_len, n_rows, _programs(device)),
+                                              _pick(configs[1], hidden, padded_len))
     cfg_b = configs[2]
     dh_buf, dw_buf, db_buf = grads if grads is not None else (None, None, None)
     # row-major, whatever the inputs' strides (the kernels write rows of H); a gradient not asked for: an empty

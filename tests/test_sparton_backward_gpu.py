@@ -119,14 +119,16 @@ def test_packed_forward_and_backward(vocab, dtype, seed):
 
 @pytest.mark.parametrize("vocab", [30_522, 250_002])
 def test_query_batches_split_the_vocabulary(vocab, seed):
-    """8 queries of 32 tokens: dH has 6 tiles, so its vocabulary is split in ranges (fp32 partials, fixed-order
-    sum); against the float64 products, into a poisoned buffer."""
+    """8 queries of 32 tokens: dH has 12 tiles (of 64 rows), so its vocabulary is split in ranges (fp32 partials,
+    fixed-order sum); against the float64 products, into a poisoned buffer."""
     h, w, b, mask, g = _padded(seed, vocab, torch.bfloat16, batch=8, seq=32)
     out, arg = training.splade_max_argmax_triton(h, w, b, mask)
     tokens = h.reshape(-1, HIDDEN)
     doc = torch.arange(8, device="cuda", dtype=torch.int32).repeat_interleave(32)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    assert training._splits(6, sms, tokens.shape[0] * HIDDEN * 4, triton_cdiv(vocab, 16)) > 1
+    config, _ = training._pick(training.GRAD_HIDDEN_16, HIDDEN, 32, tokens.shape[0], sms)
+    assert config["BLOCK_T"] == 64
+    assert training._splits(12, sms, tokens.shape[0] * HIDDEN * 4, triton_cdiv(vocab, config["BLOCK_K"])) > 1
     grad = torch.randn(8, vocab, device="cuda", generator=g)
     poisoned = torch.full_like(tokens, float("nan"))
     dh, _, _ = training._backward(grad, out, arg, tokens, w, doc, 32, "log1p_relu", need_weight=False,
