@@ -224,9 +224,10 @@ def section_step(model, heads, device, vocab, batch, args, gen) -> list[dict]:
 
 
 def section_memory(heads, device, vocab, hidden_size, batch) -> list[dict]:
-    """The head alone, as the step calls it on documents: fp32 [B, 256, H] hidden states (the LayerNorm's output
-    under autocast), the fp32 decoder (the Sparton head's bf16 copy is made inside the measurement), fp32 bias, all
-    requiring grad. Same shapes and dtypes as the step, so torch.compile's graphs are reused."""
+    """The head alone, as the step calls it on documents, under autocast: fp32 [B, 256, H] hidden states (the
+    LayerNorm's output), the decoder the step hands the head (fp32 for the eager heads, which autocast casts inside;
+    the Sparton head's bf16 copy, made by the step before the head), fp32 bias, all requiring grad. The same shapes
+    and dtypes as the step, so torch.compile's graphs are reused."""
     rows = []
     if device != "cuda":
         return rows
@@ -234,16 +235,16 @@ def section_memory(heads, device, vocab, hidden_size, batch) -> list[dict]:
     for name, head in heads.items():
         release(device)
         h = torch.randn(batch, DOC_LEN, hidden_size, device="cuda", generator=gen).requires_grad_()
-        w = (torch.randn(vocab, hidden_size, device="cuda", generator=gen) * 0.02).requires_grad_()
+        w = torch.randn(vocab, hidden_size, device="cuda", generator=gen) * 0.02
+        w = w.to(getattr(head, "decoder_dtype", None) or w.dtype).requires_grad_()
         b = torch.zeros(vocab, device="cuda", requires_grad=True)
         mask = (torch.arange(DOC_LEN, device="cuda")[None, :] < torch.randint(128, 257, (batch, 1), device="cuda"))
         mask = mask.long()
         grad = torch.randn(batch, vocab, device="cuda", generator=gen)
 
         def call(head=head, h=h, w=w, b=b, mask=mask):
-            decoder = w.to(head.decoder_dtype) if getattr(head, "decoder_dtype", None) is not None else w
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                return head(h, decoder, b, mask)
+                return head(h, w, b, mask)
 
         try:
             call().backward(grad)  # warm-up: compilation, autotuning, lazy workspaces
@@ -265,14 +266,21 @@ def section_memory(heads, device, vocab, hidden_size, batch) -> list[dict]:
             out_bytes = out.numel() * out.element_size()
             grads = sum(t.grad.numel() * t.grad.element_size() for t in (h, w, b))
             argmax = 4 * batch * vocab if name == "sparton" else 0  # saved int32 [B, V]
+            # the Sparton head's bf16 copy of the hidden states (kept for backward) and its bf16 dH before autograd
+            # casts it to the fp32 input's gradient: both are alive at the backward's peak
+            cast = 4 * h.numel() if name == "sparton" else 0
             row = {"section": "memory", "vocab": vocab, "head": name, "batch": batch, "status": "ok",
                    "peak_bytes": peak, "forward_peak_bytes": forward_peak, "output_bytes": out_bytes,
-                   "grad_bytes": grads, "argmax_bytes": argmax, "extra_bytes": peak - out_bytes - grads - argmax}
+                   "grad_bytes": grads, "argmax_bytes": argmax, "hidden_cast_bytes": cast,
+                   "extra_bytes": peak - out_bytes - grads - argmax,
+                   "kernel_extra_bytes": peak - out_bytes - grads - argmax - cast}
             del out
         rows.append(row)
         log(f"  memory V={vocab} B={batch} {name:8} " + (
             f"peak {row['peak_bytes'] / 2**20:9.1f} MiB, beyond output, gradients and argmax "
-            f"{row['extra_bytes'] / 2**20:9.1f} MiB" if row["status"] == "ok" else row["status"]))
+            f"{row['extra_bytes'] / 2**20:9.1f} MiB (less the bf16 hidden copies: "
+            f"{row['kernel_extra_bytes'] / 2**20:.1f})"
+            if row["status"] == "ok" else row["status"]))
         del h, w, b, grad
     release(device)
     return rows
