@@ -140,10 +140,10 @@ def _truncation(manifest: Manifest) -> dict:
 
 def _vocab_size(manifest: Manifest) -> int | None:
     """The model's vocabulary size from its config.json, without loading the model; None if unavailable."""
-    from lsr_index.model.load import resolve_model
+    from lsr_index.model.ref import locate
 
     try:
-        config = json.loads((resolve_model(manifest.model["name"]) / "config.json").read_text())
+        config = json.loads((locate(manifest.model["name"]) / "config.json").read_text())
     except (LsrIndexError, OSError, ValueError):
         return None
     size = config.get("vocab_size")

@@ -28,13 +28,15 @@ def query_encoder(manifest: Manifest, index: Path, model: str | None, device: st
     import torch
 
     from lsr_index.model.query import encoder_for, load_query_model
+    from lsr_index.model.ref import ModelRef
 
     recorded = manifest.query
     name = model or recorded["name"]
-    loaded = load_query_model(name, device=device, dtype=torch.float32)
-    if loaded.sha256 != recorded["sha256"]:
-        raise LsrIndexError(f"query model {name!r} (sha256 {loaded.sha256[:12]}…) is not the one that encoded "
+    ref = ModelRef.resolve(name)
+    if ref.sha256 != recorded["sha256"]:
+        raise LsrIndexError(f"query model {name!r} (sha256 {ref.sha256[:12]}…) is not the one that encoded "
                             f"{index}'s queries when it was made (sha256 {recorded['sha256'][:12]}…)")
+    loaded = load_query_model(ref, device=device, dtype=torch.float32)
     return encoder_for(loaded, backend), Quantization(scale=manifest.quantization["scale"])
 
 

@@ -18,8 +18,9 @@ from tiny_models import TEXTS, reference_weights, save_masked_lm
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.model.encoder import SpladeEncoder
-from lsr_index.model.load import load_model, max_length
+from lsr_index.model.load import load_model
 from lsr_index.model.query import load_query_model
+from lsr_index.model.ref import ModelRef
 
 
 def edit_json(file, **changes) -> None:
@@ -63,7 +64,7 @@ def test_a_tokenizer_longer_than_the_positions_is_held_to_them(tmp_path):
     past them failed in the middle of the run."""
     path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
     edit_json(path / "tokenizer_config.json", model_max_length=512)
-    assert max_length(path) == 66
+    assert ModelRef.resolve(str(path)).max_length() == 66
 
 
 @pytest.mark.parametrize("file, changes, says", [
@@ -79,7 +80,7 @@ def test_config_oddities_are_one_line(file, changes, says, tmp_path):
         (path / file).write_text("[1, 2]")
     else:
         edit_json(path / file, **changes)
-    assert max_length(path) in (66, None)
+    assert ModelRef.resolve(str(path)).max_length() in (66, None)
     assert says in refusal(path)
 
 

@@ -97,10 +97,10 @@ PARENT = textwrap.dedent("""
     from lsr_index.encode.feed import InputProcess
     from lsr_index.encode.job import Assignment
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.model.load import load_tokenizer
+    from lsr_index.model.ref import ModelRef
 
     job = EncodeJob(inputs=(sys.argv[1],), options=EncodeOptions(shard_docs=64, progress=False))
-    stream = InputProcess(job, Assignment(), load_tokenizer("splade-tiny").backend_tokenizer.to_str())
+    stream = InputProcess(job, Assignment(), ModelRef.resolve("splade-tiny").tokenizer().backend_tokenizer.to_str())
     next(stream)  # started and sending; it now waits for this process to read on
     print(stream._child.process.pid, flush=True)
     time.sleep(600)
@@ -126,11 +126,11 @@ def test_the_input_process_ends_with_a_killed_parent(tmp_path):
 
 def input_process(source: Path, shard_docs: int = 32) -> feed.InputProcess:
     from lsr_index.encode.job import EncodeJob as Job
-    from lsr_index.model.load import load_tokenizer
+    from lsr_index.model.ref import ModelRef
 
     job = Job(inputs=(str(source),), options=EncodeOptions(shard_docs=shard_docs, progress=False))
     return feed.InputProcess(job, Assignment(),
-                                      load_tokenizer("splade-tiny").backend_tokenizer.to_str())
+                                      ModelRef.resolve("splade-tiny").tokenizer().backend_tokenizer.to_str())
 
 
 def test_closing_the_stream_early_ends_the_input_process():
@@ -172,14 +172,14 @@ def test_nothing_the_input_process_prints_or_finds_in_the_directory_disturbs_it(
 def test_a_tokenizer_with_python_parts_keeps_to_threads():
     from tokenizers import pre_tokenizers
 
-    from lsr_index.model.load import load_tokenizer
+    from lsr_index.model.ref import ModelRef
     from lsr_index.model.tokens import TextTokenizer
 
     class Words:
         def pre_tokenize(self, pretok):
             pretok.split(lambda i, s: s.split())
 
-    backend = load_tokenizer("splade-tiny").backend_tokenizer
+    backend = ModelRef.resolve("splade-tiny").tokenizer().backend_tokenizer
     custom = type(backend).from_str(backend.to_str())
     custom.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Words())
     assert feed.serialized_tokenizer(TextTokenizer(custom)) is None

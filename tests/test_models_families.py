@@ -25,8 +25,9 @@ import sparton
 from lsr_index.errors import LsrIndexError
 from lsr_index.model import packed
 from lsr_index.model.encoder import SpladeEncoder, made_up_tokens
-from lsr_index.model.load import load_model, max_length
+from lsr_index.model.load import load_model
 from lsr_index.model.packed import PACKED_FAMILIES
+from lsr_index.model.ref import ModelRef
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -115,7 +116,7 @@ def test_the_warm_up_documents_fit_every_family(kind, tmp_path):
     process. Their CPU path raises instead, so they are run through it."""
     path, _, _ = save_masked_lm(kind, tmp_path, pickled=False)
     model = load_model(str(path))
-    limit = max_length(path)
+    limit = ModelRef.resolve(str(path)).max_length()
     encoder = SpladeEncoder(model, max_tokens=128, backend="torch")
     for length in (limit, 2):
         tokens = made_up_tokens(300, length, model.body)

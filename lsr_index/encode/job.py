@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader, Fields
+from lsr_index.model.ref import ModelRef
 from lsr_index.runtime.durable import create_new, real_path
 from lsr_index.settings import CHARS_PER_TOKEN, DEFAULTS, DTYPE, MAX_TOKENS, check
 from lsr_index.vectors.manifest import Chunk, Part
@@ -49,11 +50,12 @@ class EncodeOptions:
 
 @dataclass(frozen=True)
 class EncodeJob:
-    """Everything a worker process needs to rebuild its reader and model (picklable)."""
+    """Everything a worker process needs to rebuild its reader and model (picklable). A model given by name is
+    resolved and identified here, once: workers receive the reference, not the name."""
 
     inputs: tuple[str, ...]
-    model: str = DEFAULTS["model"]
-    query_model: str | None = None  # a separate query encoder; None: the document model's own route
+    model: ModelRef | str = DEFAULTS["model"]
+    query_model: ModelRef | str | None = None  # a separate query encoder; None: the document model's own route
     dtype: str = DTYPE["cpu"]
     fields: Fields = field(default_factory=Fields)
     on_error: str = "fail"
@@ -62,6 +64,9 @@ class EncodeJob:
 
     def __post_init__(self) -> None:
         check("dtype", self.dtype)
+        object.__setattr__(self, "model", ModelRef.resolve(self.model))
+        if self.query_model is not None:
+            object.__setattr__(self, "query_model", ModelRef.resolve(self.query_model))
 
     def for_output(self, out: Path) -> EncodeJob:
         return replace(self, output=str(real_path(out)))

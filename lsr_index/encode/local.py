@@ -124,7 +124,7 @@ def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment
         from lsr_index.model import encoder  # noqa: F401 (torch, triton and the kernel, imported for the forks)
         from lsr_index.model.load import import_model_code
 
-        import_model_code(job.model)
+        import_model_code(job.model.here())
         fork = _forks_workers(devices)  # again: what was imported may have started a thread or CUDA
     try:
         for device, part in zip(devices, assignments):

@@ -275,27 +275,24 @@ def _refuse_foreign_places(job: EncodeJob, out: Path) -> None:
 
 def fresh_manifest(job: EncodeJob) -> Manifest:
     """The manifest a new run of `job` starts from (its settings: what a resumed run must match)."""
-    from lsr_index.model.files import model_sha256
-    from lsr_index.model.load import EMBEDDED, max_length, resolve_model
     from lsr_index.model.query import query_model_record
 
-    options = job.options
-    model_path = resolve_model(job.model)
-    limit = max_length(model_path)
+    options, model = job.options, job.model
+    limit = model.max_length()
     if limit and max(options.doc_max_length, options.query_max_length) > limit:
-        raise LsrIndexError(f"model {job.model} takes at most {limit} tokens; lower --doc-max-length "
+        raise LsrIndexError(f"model {model.name} takes at most {limit} tokens; lower --doc-max-length "
                             f"({options.doc_max_length}) or --query-max-length ({options.query_max_length})")
     reader = job.reader()
     return Manifest(
-        model={"name": job.model if job.model in EMBEDDED else str(model_path.resolve()),
-               "sha256": model_sha256(model_path)},
+        model={"name": model.recorded_name, "sha256": model.sha256},
         encoder={"doc_max_length": options.doc_max_length, "query_max_length": options.query_max_length,
                  "dtype": job.dtype, "backend": options.backend},
         quantization=options.quantization.to_dict(), output_format=options.output_format,
         input={"files": [str(p.resolve()) for p in reader.files], "max_chars": job.max_chars,
                "fields": {"id": reader.fields.id, "text": list(reader.fields.text or []) or None},
                "on_error": job.on_error},
-        shard_docs=options.shard_docs, query_model=query_model_record(job))
+        shard_docs=options.shard_docs,
+        query_model=query_model_record(job.query_model or model, model, options.query_max_length))
 
 
 @contextmanager

@@ -80,10 +80,9 @@ class ShardEncoder:
             raise
 
     def _setup(self, job: EncodeJob, device: str, cores: int) -> None:
-        from lsr_index.model.load import load_tokenizer, tokenizer_terms
-
-        tokenizer = load_tokenizer(job.model)
-        vocab = tokenizer_terms(tokenizer)[0]  # what the model's vocabulary will be: its tokenizer's terms
+        self.model = model = job.model.here()
+        tokenizer = model.tokenizer()
+        vocab = model.terms()[0]  # what the model's vocabulary will be: its tokenizer's terms
         check_vocab(vocab)
         self.job, self.device, self.cores, self.loaded_at = job, device, cores, 0.0
         self.vocab = np.array(vocab, dtype=object)
@@ -112,7 +111,7 @@ class ShardEncoder:
                     torch.cuda.set_device(self.device)
                     if self.job.options.backend != "torch":  # the Triton head will run: its key beside the load
                         prepared = beside.submit(sparton.prepare)
-                model = load_model(self.job.model, device=self.device, dtype=getattr(torch, self.job.dtype),
+                model = load_model(self.model, device=self.device, dtype=getattr(torch, self.job.dtype),
                                    tokenizer=tokenizer)
                 if prepared:
                     prepared.result()

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import sparton
-from lsr_index.model import packed
+from lsr_index.model import packed as packed_body
 from lsr_index.model.load import SpladeModel
 from lsr_index.model.probe import made_up_ids
 from lsr_index.model.tokens import TextTokenizer, Tokens
@@ -204,8 +204,8 @@ class SpladeEncoder:
         seq_lens = tokens.lengths[positions]
         longest = int(seq_lens[0])
         if self.model.packed:
-            input_ids, position_ids, cu_seqlens = self._upload(packed.inputs(tokens, positions, self.model.body))
-            real = packed.forward(self.model.body, input_ids, position_ids, cu_seqlens, longest)
+            input_ids, position_ids, cu_seqlens = self._upload(packed_body.inputs(tokens, positions, self.model.body))
+            real = packed_body.forward(self.model.body, input_ids, position_ids, cu_seqlens, longest)
         else:
             real, cu_seqlens = self._padded_body(tokens, positions, seq_lens, longest)
         weights = sparton.splade_max_packed(real, self.model.weight, self.model.bias, cu_seqlens, max_seqlen=longest,

@@ -6,24 +6,19 @@ Everything here reads files only: no model class is built, no pickle is fully un
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import pickle
 import re
 import sys
-import time
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.runtime.durable import atomic_write_bytes, sha256_file
-
-T = TypeVar("T")
+from lsr_index.runtime.durable import sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -43,7 +38,7 @@ _ST_ACTIVATIONS = {"relu": "log1p_relu", "log1p_relu": "log1p_log1p_relu"}
 
 
 def cache_root() -> Path:
-    """Where lsr-index keeps what it fetched or computed once: models, model identities."""
+    """Where lsr-index keeps what it fetched once: the embedded models."""
     return Path(os.environ.get("LSR_INDEX_CACHE", Path.home() / ".cache" / "lsr-index"))
 
 
@@ -68,77 +63,18 @@ def _is_identity(name: str) -> bool:
     return name in _IDENTITY_NAMES or name.endswith(_IDENTITY_SUFFIXES)
 
 
-def model_sha256(path: Path) -> str:
-    """A model's identity: sha256 over the sorted (relative name, sha256) pairs of its identity files.
-
-    Two directories share it only if every file that can change a vector is byte-identical; a README, a model
-    card or a training log does not enter it."""
+def identity(path: Path) -> tuple[str, dict[str, str]]:
+    """A model's identity, sha256 over the sorted (relative name, sha256) pairs of its identity files, and each
+    file's sha256. Two directories share it only if every file that can change a vector is byte-identical; a README,
+    a model card or a training log does not enter it. A run computes it once (model.ref.ModelRef)."""
     files = identity_files(path)
     if not files:
         raise LsrIndexError(f"model {path}: no model files (config.json, weights, tokenizer) in it")
-    return kept_per_process(path, "sha256", files, lambda: _recorded_sha256(path, files))
-
-
-def _recorded_sha256(path: Path, files: list[str]) -> str:
-    """The identity as recorded in the cache for this directory while its files keep the recorded stamps; else
-    hashed, and recorded once the files are settled. Hashing every file was every run's first cost on a large
-    model: 0.3-0.5 s of an H100 run's start on BERT-base (440 MB) even with the files in the page cache."""
-    where = str(path.resolve())
-    record = cache_root() / "identity" / f"{hashlib.sha256(where.encode()).hexdigest()[:32]}.json"
-    stamps = _stamps(path, files)
-    try:
-        kept = json.loads(record.read_bytes())
-        if kept["path"] == where and kept["stamps"] == [list(s) for s in stamps]:
-            return kept["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # none yet, or unreadable: hashed again, and recorded anew
-    value = _hash_files(path, files)
-    if _settled(stamps) and _stamps(path, files) == stamps:  # unchanged while it was read
-        body = {"path": where, "stamps": stamps, "sha256": value}
-        with contextlib.suppress(LsrIndexError):  # a read-only cache costs the hash next time, nothing else
-            atomic_write_bytes(record, json.dumps(body).encode())
-    return value
-
-
-def _hash_files(path: Path, files: list[str]) -> str:
-    digest = hashlib.sha256()
+    digests = {name: sha256_file(path / name) for name in files}
+    combined = hashlib.sha256()
     for name in files:
-        digest.update(f"{name}\0{sha256_file(path / name)}\n".encode())
-    return digest.hexdigest()
-
-
-def kept_per_process(path: Path, what: str, files: list[str], compute: Callable[[], T]) -> T:
-    """compute(), kept for this process while none of `files` (in directory `path`) changes size, times or inode.
-
-    A run asks more than once for what is costly to make from a model's files (the identity hash: half a second on
-    XLM-R's 1.1 GB of weights; the 250k-term tokenizer: ~0.4 s to load). A file changed in the last two seconds
-    could change again within the clock's granularity unseen, so such an answer is not kept."""
-    stamps = _stamps(path, files)
-    key = (what, str(path.resolve()), stamps)
-    if key in _kept:
-        return _kept[key]
-    value = compute()
-    if _settled(stamps):
-        _kept[key] = value
-    return value
-
-
-def _stamps(path: Path, files: list[str]) -> tuple[tuple[str, int, int, int, int, int], ...]:
-    return tuple((name, *_stamp(path / name)) for name in files)
-
-
-def _settled(stamps: tuple[tuple[str, int, int, int, int, int], ...]) -> bool:
-    """No file changed in the last two seconds: one changed again within the clock's granularity would go unseen."""
-    return all(max(mtime, ctime) < time.time_ns() - 2_000_000_000 for _, _, mtime, ctime, _, _ in stamps)
-
-
-_kept: dict[tuple, object] = {}
-
-
-def _stamp(path: Path) -> tuple[int, int, int, int, int]:
-    """What changes when the file does: ctime too, which (unlike mtime: cp -p, rsync -t, touch) cannot be set back."""
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+        combined.update(f"{name}\0{digests[name]}\n".encode())
+    return combined.hexdigest(), digests
 
 
 def weight_files(path: Path) -> list[Path]:

@@ -86,3 +86,14 @@ def _restore(backend: object, truncation: dict | None, padding: dict | None) -> 
         backend.no_padding()
     else:
         backend.enable_padding(**{k: v for k, v in padding.items() if k != "pad_to_multiple_of" or v is not None})
+
+
+def tokenizer_terms(tokenizer) -> tuple[list[str], list[int]]:
+    """Term of each token id up to the largest, and the ids no term maps to (given a placeholder term, as the
+    index's vocabulary has no empty term)."""
+    ids = tokenizer.get_vocab()
+    vocab: list[str | None] = [None] * (max(ids.values()) + 1)
+    for term, idx in ids.items():
+        vocab[idx] = term
+    holes = [i for i, term in enumerate(vocab) if term is None]
+    return [term if term is not None else f"[lsr-index:no-token-{i}]" for i, term in enumerate(vocab)], holes
