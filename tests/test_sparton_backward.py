@@ -240,6 +240,49 @@ def test_poisoned_gradient_buffers_are_fully_written(packed, seed):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("ndoc", [1, 2, 3])
+def test_tiles_over_many_short_documents(ndoc, seed):
+    """Packed documents of 0-7 rows: a 16-row tile or window spans up to ten of them, so dH takes the tile's
+    documents NDOC at a time (several sweeps of K) and dW sweeps the tokens several times; every NDOC gives the
+    oracle's gradients, into poisoned buffers, and dW's sweep count is the most documents a window spans over NDOC."""
+    lengths = [3, 0, 7, 1, 1, 5, 2, 0, 6, 4, 1, 7, 3, 2, 0, 5, 1, 1, 1, 6]
+    seq = max(lengths)
+    h, w, b, g = _inputs(seed, len(lengths), seq, 32, 45, torch.float32)
+    tokens, cu = _pack(h, lengths)
+    grad = torch.randn(len(lengths), 45, generator=g)
+    out, arg = training.splade_max_packed_argmax_triton(tokens, w, b, cu)
+    doc, _ = training._packed_rows(tokens, cu)
+    n_rows = tokens.shape[0]
+    spans = [int(doc[min(t + 15, n_rows - 1)] - doc[t]) + 1 for t in range(0, n_rows, 16)]
+    assert max(spans) > 3, "the construction must put more than NDOC documents in a window"
+    assert int(training._sweeps(doc, n_rows, 16, ndoc)) == -(-max(spans) // ndoc)
+    configs = ({**training.INTERPRETER_GRAD_HIDDEN, "NDOC": ndoc}, {**training.INTERPRETER_GRAD_WEIGHT, "NDOC": ndoc},
+               training.INTERPRETER_GRAD_BIAS)
+    buffers = tuple(torch.full_like(t, float("nan")) for t in (tokens, w, b))
+    got = training._backward(grad, out, arg, tokens, w, doc, None, "log1p_relu", grads=buffers, configs=configs)
+    mask = _prefix_mask(lengths, seq)
+    want = _oracle(h, w, b, mask, grad, choice=torch.where(arg >= 0, arg - cu[:-1].long()[:, None], -1).long())
+    _check_grads(got, (want[2][mask], want[3], want[4]), torch.float32, seed, f"NDOC {ndoc}")
+
+
+@pytest.mark.skipif(training is None, reason="triton missing")
+def test_backward_tiles_fit_the_input():
+    """Padded input fixes the documents a tile spans (NDOC exact: one, or BLOCK_T / L up to MAX_NDOC); packed input,
+    or a length that neither divides nor is divided by the tile's rows, keeps the config's NDOC. dH takes 64-row
+    tiles where 128-row ones would leave SMs idle."""
+    cases = [(256, 1, True), (32, 4, True), (48, 2, False), (None, 2, False), (8, 2, False)]
+    for padded_len, ndoc, exact in cases:
+        config, is_exact = training._pick(training.GRAD_HIDDEN_16, 768, padded_len, "BLOCK_T")
+        assert (config["BLOCK_T"], config["NDOC"], is_exact) == (128, ndoc, exact), padded_len
+        assert "small" not in config and config["BLOCK_H"] == 256
+    config, _ = training._pick(training.GRAD_HIDDEN_16, 768, 32, "BLOCK_T", n_rows=16 * 32, programs=132)
+    assert (config["BLOCK_T"], config["NDOC"]) == (64, 2)
+    config, exact = training._pick(training.GRAD_WEIGHT_16, 768, 32, "BLOCK_T")
+    assert (config["BLOCK_T"], config["NDOC"], exact) == (32, 1, True)
+    assert training._pick(training.GRAD_HIDDEN_16, 320, None, "BLOCK_T")[0]["BLOCK_H"] == 64
+
+
+@needs_interpreter
 @pytest.mark.parametrize("splits", [2, 3])
 def test_grad_hidden_split_over_the_vocabulary(splits, seed):
     """dH's K loop split in vocabulary ranges (what small token counts get on a GPU): the fp32 partials are summed
