@@ -470,7 +470,8 @@ def test_reference_without_grad_is_unchanged(seed):
 
 def test_bench_train_smoke_run_on_cpu(tmp_path):
     """benchmarks/bench_train.py end to end on CPU with tiny bodies (the reference head stands in for the kernel):
-    every section runs, the loss curves of the two heads agree, the results carry their provenance."""
+    every section runs, every step phase is marked, the loss curves of the heads agree, the results carry their
+    provenance."""
     import importlib.util
     import json
     from pathlib import Path
@@ -485,8 +486,17 @@ def test_bench_train_smoke_run_on_cpu(tmp_path):
     result = json.loads((tmp_path / "train_cpu.json").read_text())
     assert result["provenance"]["command"].startswith("python")
     sections = {row["section"] for row in result["rows"]}
-    assert sections == {"step", "batch"}, sections
-    assert {row["head"] for row in result["rows"] if row["section"] == "step"} == {"sparton", "eager"}
-    assert result["curves"]["summary"]["max_rel_diff"] < 1e-3  # fp32 on CPU: the heads differ by rounding only
+    assert sections == {"step", "head", "batch"}, sections
+    assert all(row["status"] == "ok" for row in result["rows"]), result["rows"]
+    steps = [row for row in result["rows"] if row["section"] == "step"]
+    assert {row["head"] for row in steps} == {"sparton", "eager"}
+    for row in steps:  # every phase of the step was marked, the backward's through the tensor hooks
+        assert list(row["coarse"]) == ["body fwd", "head fwd", "loss", "head bwd", "body bwd", "decoder",
+                                       "optimizer"], row["coarse"]
+        assert abs(sum(p["host_ms"] for p in row["phases"].values()) - row["host_ms"]) < 1e-6
+        assert 0 < row["d_tokens"] < row["d_padded"]  # the Sparton head's packed rows: real tokens only
+    summary = result["curves"]["summary"]
+    for key in ("sparton_vs_eager", "eager32_vs_eager"):  # fp32 on CPU: the heads differ by rounding only
+        assert summary[key]["max"] < 1e-3, summary
     assert (tmp_path / "train_cpu.csv").read_text().startswith("# provenance: ")
     assert b"provenance" in (tmp_path / "train_cpu.png").read_bytes()[:4096]
