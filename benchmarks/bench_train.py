@@ -359,16 +359,22 @@ def profiled_step(model, head, optimizer, batch, device) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         train_step(model, head, optimizer, batch, device, phases)
         sync(device)
-    spans = _device_events(prof)
-    work = [(s, e) for s, e, n in spans if n != name]
-    busy = _union_ms(work)
-    starts = [s for s, _, n in spans if n == name]
+    busy, per_phase = busy_by_phase(_device_events(prof), name, [mark for mark, _, _ in phases.marks])
+    return {"busy_ms": busy, "phases": per_phase}
+
+
+def busy_by_phase(spans: list[tuple[float, float, str]], marker: str | None,
+                  marks: list[str]) -> tuple[float, dict[str, float]]:
+    """(busy ms, {phase: busy ms}) from the device's (start µs, end µs, name) spans: the marker kernels, one per
+    mark in order, cut the others into phases (empty where they are not one per mark: the total stands alone)."""
+    work = [(s, e) for s, e, n in spans if n != marker]
+    starts = [s for s, _, n in spans if n == marker]
+    if not marker or len(starts) != len(marks):
+        return _union_ms(work), {}
     per_phase: dict[str, float] = {}
-    if name and len(starts) == len(phases.marks):
-        for (phase, _, _), lo, hi in zip(phases.marks, starts, starts[1:]):
-            per_phase[phase] = per_phase.get(phase, 0.0) + _union_ms([(s, e) for s, e in work if lo <= s < hi])
-        busy = _union_ms([(s, e) for s, e in work if starts[0] <= s < starts[-1]])
-    return {"busy_ms": busy, "phases": per_phase, "device_events": len(spans)}
+    for phase, lo, hi in zip(marks, starts, starts[1:]):
+        per_phase[phase] = per_phase.get(phase, 0.0) + _union_ms([(s, e) for s, e in work if lo <= s < hi])
+    return _union_ms([(s, e) for s, e in work if starts[0] <= s < starts[-1]]), per_phase
 
 
 def _union_ms(spans: list[tuple[float, float]]) -> float:
@@ -849,8 +855,9 @@ def bounds(rows: list[dict]) -> list[dict]:
     steps = [r for r in rows if r["section"] == "step" and r["status"] == "ok" and r.get("busy_ms")]
     for key in sorted({(r["vocab"], r["batch"]) for r in steps}):
         by = {r["head"]: r for r in steps if (r["vocab"], r["batch"]) == key}
-        if "sparton" not in by or "eager" not in by:
-            continue
+        if "sparton" not in by or "eager" not in by or \
+                any("busy_ms" not in v for r in by.values() for v in r["coarse"].values()):
+            continue  # per-phase busy times missing (markers not found one for one)
         heads = {n: sum(r["coarse"].get(p, {}).get("busy_ms", 0.0) for p in ("head fwd", "head bwd"))
                  for n, r in by.items()}
         rest = by["eager"]["busy_ms"] - heads["eager"]

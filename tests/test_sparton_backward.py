@@ -468,18 +468,39 @@ def test_reference_without_grad_is_unchanged(seed):
 # ---------------------------------------------------------------- the training benchmark's code paths
 
 
-def test_bench_train_smoke_run_on_cpu(tmp_path):
-    """benchmarks/bench_train.py end to end on CPU with tiny bodies (the reference head stands in for the kernel):
-    every section runs, every step phase is marked, the loss curves of the heads agree, the results carry their
-    provenance."""
+def _bench_train():
     import importlib.util
-    import json
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("bench_train", root / "benchmarks" / "bench_train.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_train_cuts_device_time_into_phases():
+    """The profiled step's kernels (start µs, end µs, name) are cut into phases at the marker kernels, one per mark:
+    overlapping kernels count once, kernels before the first or after the last marker belong to no phase."""
+    bench = _bench_train()
+    spans = [(0, 5, "k"), (10, 11, "m"), (12, 20, "k"), (15, 25, "k"), (30, 31, "m"), (32, 40, "k"), (50, 51, "m"),
+             (60, 70, "k")]
+    busy, phases = bench.busy_by_phase(spans, "m", ["a", "b", "end"])
+    assert phases == {"a": 13 / 1e3, "b": 8 / 1e3} and busy == 21 / 1e3
+    busy, phases = bench.busy_by_phase(spans, "m", ["a", "end"])  # markers not one per mark: the total only
+    assert phases == {} and busy == 36 / 1e3
+    assert bench.busy_by_phase(spans, None, ["a"]) == (bench._union_ms([(s, e) for s, e, _ in spans]), {})
+    coarse = bench.coarse({"head fwd q": {"gpu_ms": 1.0}, "body fwd d": {"gpu_ms": 2.0}, "head fwd d": {"gpu_ms": 3.0}})
+    assert coarse == {"body fwd": {"gpu_ms": 2.0}, "head fwd": {"gpu_ms": 4.0}}
+
+
+def test_bench_train_smoke_run_on_cpu(tmp_path):
+    """benchmarks/bench_train.py end to end on CPU with tiny bodies (the reference head stands in for the kernel):
+    every section runs, every step phase is marked, the loss curves of the heads agree, the results carry their
+    provenance."""
+    import json
+
+    bench = _bench_train()
     args = ["--device", "cpu", "--quick", "--bodies", "bert-base", "--curve-steps", "3", "--steps", "1",
             "--batch-cap", "8", "--out", str(tmp_path)]
     assert bench.main(args) == 0
