@@ -1012,6 +1012,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-batches", default="64,16", help="step-timing batch of each body (one eager fits)")
     parser.add_argument("--curve-steps", type=int, default=300)
     parser.add_argument("--smooth", type=int, default=20, help="steps of the loss curves' trailing mean")
+    parser.add_argument("--budget", type=float, default=0.0,
+                        help="seconds: parts not yet started past this are skipped, and said so (0: no limit)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     sections = [s for s in args.sections.split(",") if s]
@@ -1058,21 +1060,31 @@ def main(argv: list[str] | None = None) -> int:
             log(f"{name} (V={vocab}), {time.perf_counter() - started:.0f} s in")
             heads = make_heads(heads_wanted)
             model = Splade(make_config(kind, vocab, tiny=cpu)).to(args.device)
+
+            def within_budget(part: str, vocab: int = vocab) -> bool:
+                if args.budget and time.perf_counter() - started > args.budget:
+                    log(f"  V={vocab} {part}: skipped, past the time budget of {args.budget:.0f} s")
+                    meta.setdefault("skipped", []).append(f"V={vocab} {part}")
+                    return False
+                return True
+
             # torch.compile's head last: its compilation is the slowest part, and the rest is kept if it runs long
             for group in ({n: h for n, h in heads.items() if n != "compile"},
                           {n: h for n, h in heads.items() if n == "compile"}):
                 if not group:
                     continue
-                if "step" in sections:
+                names = "+".join(group)
+                if "step" in sections and within_budget(f"step {names}"):
                     rows += section_step(model, group, args.device, vocab, step_batch, args, gen)
-                if "head" in sections:
+                if "head" in sections and within_budget(f"head {names}"):
                     rows += section_head(model, group, args.device, vocab, step_batch, args, gen)
-                if "memory" in sections:
+                if "memory" in sections and within_budget(f"memory {names}"):
                     rows += section_memory(model, group, args.device, vocab, step_batch, args, gen)
-                if "batch" in sections and "compile" not in group:
+                if "batch" in sections and "compile" not in group and within_budget("batch"):
                     rows += section_batch(model, group, args.device, vocab, args, gen)
                     larger = comparison_batch(rows, vocab)
-                    if "step" in sections and larger and larger != step_batch:
+                    if "step" in sections and larger and larger != step_batch and \
+                            within_budget(f"step at the comparison batch {larger}"):
                         pair = {n: h for n, h in group.items() if n in ("sparton", "eager")}
                         log(f"  step at the comparison batch {larger} (eager's largest less 10%, a multiple of 8)")
                         rows += section_step(model, pair, args.device, vocab, larger, args, gen,
