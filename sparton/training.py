@@ -345,10 +345,10 @@ FORWARD_32 = {"BLOCK_V": 128, "BLOCK_L": 64, "BLOCK_K": 32, "GROUP_S": 8, "SLAB"
               "num_warps": 8, "num_stages": 3}
 # Backward tiles: 128 × 256 fp32 accumulators (128 registers a thread at 8 warps, as the forward's), K = 32. S is
 # built in registers from the [K] slices of NDOC documents a step (two for packed input: a 128-row tile or a 32-row
-# window of documents ≥ 127 or ≥ 31 tokens spans at most two); padded input whose length L the rows divide (or
-# divides them) gets the exact count, 1 or BLOCK_T / L. sm_90 (ptxas, Triton 3.9): dH 224 / 228 registers at
-# NDOC 1 / 2, dW 227 / 210, no spills, every load software-pipelined. dH with fewer 128-row tiles than SMs ("small":
-# 64-row tiles, 169 registers) doubles its tiles before splitting the vocabulary.
+# window of documents ≥ 127 or ≥ 31 tokens spans at most two); padded input gets the exact count where it is at most
+# MAX_NDOC. sm_90 (ptxas, Triton 3.9): dH 224 / 228 / 210 registers at NDOC 1 / 2 / 4, dW 227 / 210 / 254, no
+# spills, every load software-pipelined. dH with fewer 128-row tiles than SMs ("small": 64-row tiles, 169
+# registers) doubles its tiles before splitting the vocabulary.
 GRAD_HIDDEN_16 = {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 32, "NDOC": 2, "num_warps": 8, "num_stages": 4,
                   "small": {"BLOCK_T": 64, "BLOCK_H": 256, "BLOCK_K": 32, "NDOC": 2, "num_warps": 8,
                             "num_stages": 4}}
@@ -360,7 +360,7 @@ GRAD_BIAS = {"BLOCK_D": 16, "BLOCK_V": 128}
 # is then split in ranges whose fp32 partial sums go to a scratch of at most this size and are added in a fixed
 # order, until the programs fill the GPU twice over (each range ≥ 32 K steps).
 SPLIT_SCRATCH = 8 * 2**20
-MAX_NDOC = 4  # padded input: short documents whose count in a tile is exact, up to this many a step
+MAX_NDOC = 4  # padded input: the documents a tile spans, where fixed, taken in one step up to this many
 # Under TRITON_INTERPRET=1: small tiles, so that small shapes cover several windows per segment, documents over
 # windows and segments, several documents per slab, odd segment edges and several K steps.
 INTERPRETER_FORWARD = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_S": 2, "SLAB": 4, "SEGMENT": 40}
@@ -440,11 +440,13 @@ def _pick(configs: dict, hidden: int, padded_len: int | None, rows_key: str, n_r
         configs = configs["small"]
     config = {k: v for k, v in configs.items() if k != "small"}
     config["BLOCK_H"] = _block_h(config["BLOCK_H"], hidden)
-    rows = config[rows_key]
-    exact = padded_len is not None and (padded_len % rows == 0 or (rows % padded_len == 0 and
-                                                                   rows // padded_len <= MAX_NDOC))
-    if exact:
-        config["NDOC"] = max(1, rows // padded_len)
+    exact = False
+    if padded_len:  # the most documents a tile of `rows` rows, starting at a multiple of them, can span
+        rows = config[rows_key]
+        span = 1 if padded_len % rows == 0 else rows // padded_len if rows % padded_len == 0 else \
+            (rows - 1) // padded_len + 2
+        if span <= MAX_NDOC:
+            config["NDOC"], exact = span, True
     return config, exact
 
 

@@ -267,10 +267,11 @@ def test_tiles_over_many_short_documents(ndoc, seed):
 
 @pytest.mark.skipif(training is None, reason="triton missing")
 def test_backward_tiles_fit_the_input():
-    """Padded input fixes the documents a tile spans (NDOC exact: one, or BLOCK_T / L up to MAX_NDOC); packed input,
-    or a length that neither divides nor is divided by the tile's rows, keeps the config's NDOC. dH takes 64-row
-    tiles where 128-row ones would leave SMs idle."""
-    cases = [(256, 1, True), (32, 4, True), (48, 2, False), (None, 2, False), (8, 2, False)]
+    """Padded input fixes the documents a tile spans (NDOC exact where at most MAX_NDOC: 1 where L is a multiple of
+    the rows, BLOCK_T / L where it divides them, else ⌊(BLOCK_T - 1) / L⌋ + 2); packed input, or more documents than
+    that, keeps the config's NDOC. dH takes 64-row tiles where 128-row ones would leave SMs idle."""
+    cases = [(256, 1, True), (32, 4, True), (48, 4, True), (192, 2, True), (None, 2, False), (8, 2, False),
+             (40, 2, False)]
     for padded_len, ndoc, exact in cases:
         config, is_exact = training._pick(training.GRAD_HIDDEN_16, 768, padded_len, "BLOCK_T")
         assert (config["BLOCK_T"], config["NDOC"], is_exact) == (128, ndoc, exact), padded_len
