@@ -359,7 +359,11 @@ def profiled_step(model, head, optimizer, batch, device) -> dict:
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         train_step(model, head, optimizer, batch, device, phases)
         sync(device)
-    busy, per_phase = busy_by_phase(_device_events(prof), name, [mark for mark, _, _ in phases.marks])
+    spans = _device_events(prof)
+    if not spans:  # no device activity recorded (CUPTI unavailable): no busy times rather than zeros
+        log("  (the profiler recorded no device activity)")
+        return {}
+    busy, per_phase = busy_by_phase(spans, name, [mark for mark, _, _ in phases.marks])
     return {"busy_ms": busy, "phases": per_phase}
 
 
@@ -544,7 +548,11 @@ def section_head(model, heads, device, vocab, batch, args, gen) -> list[dict]:
     hidden = hq.shape[-1]
     real = data[0].tokens + data[1].tokens
     padded = batch * (data[0].length + data[1].length)
-    tflops = matmul_tflops(device)
+    try:
+        tflops = matmul_tflops(device)
+    except Exception as error:
+        log(f"  (the bf16 matmul rate could not be measured: {error!r})")
+        tflops = None
     g = torch.Generator(device=device).manual_seed(1)
     grads = [torch.randn(batch, vocab, device=device, generator=g) / batch for _ in range(2)]
     calls = dict(heads)
@@ -884,8 +892,6 @@ def write_results(out: Path, gpu: str, meta: dict, rows: list[dict], curves: dic
     import matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     prov = provenance()
     out.mkdir(parents=True, exist_ok=True)
     stem = out / ("train_" + gpu.replace(" ", "_").replace("/", "_"))
@@ -905,6 +911,17 @@ def write_results(out: Path, gpu: str, meta: dict, rows: list[dict], curves: dic
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
         writer.writerows(flat)
+    try:
+        plot(stem, gpu, rows, curves, prov)
+    except Exception:  # the JSON and CSV stand without the figure
+        traceback.print_exc()
+    log(f"wrote {stem}.json/.csv/.png")
+    return stem
+
+
+def plot(stem: Path, gpu: str, rows: list[dict], curves: dict | None, prov: dict) -> None:
+    import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(1, 4, figsize=(22, 5))
     colors = {"sparton": "C0", "eager": "C3", "compile": "C2", "eager32": "C1"}
     if curves:
@@ -951,8 +968,6 @@ def write_results(out: Path, gpu: str, meta: dict, rows: list[dict], curves: dic
     fig.tight_layout()
     fig.savefig(stem.with_suffix(".png"), dpi=110, metadata=png_metadata(prov))
     plt.close(fig)
-    log(f"wrote {stem}.json/.csv/.png")
-    return stem
 
 
 def summarize(rows: list[dict]) -> None:
@@ -1096,7 +1111,10 @@ def main(argv: list[str] | None = None) -> int:
     meta["seconds"] = time.perf_counter() - started
     meta["matmul_bf16_tflops"] = _MATMUL[0] if _MATMUL else None
     write_results(args.out, gpu, meta, rows, curves)
-    summarize(rows)
+    try:
+        summarize(rows)
+    except Exception:
+        traceback.print_exc()
     errors = [r for r in rows if r.get("status") == "error"]
     log(f"done in {meta['seconds']:.0f} s" + (f"; {len(errors)} measurements failed" if errors else ""))
     return 1 if errors else 0
