@@ -13,7 +13,7 @@ builds with the batch: fused forward recording the argmax, fused backward), "eag
 → amax over the padded sequence, as SPLADE and sentence-transformers do), "compile" (torch.compile of the eager head,
 dynamic=False). Bodies: BERT-base (V = 30,522) and XLM-R-base (V = 250,002).
 
-Sections (--sections, default all; per body in this order, then step, head and memory of the compiled head):
+Sections (--sections, default all; per body in this order; the compiled head's after every body's others):
   step    step time at --step-batches (median of --steps after a warm-up over every batch of the timed data), each
           head, with a breakdown: CUDA events at the phase marks (body and head forward of queries and documents,
           loss, head and body backward through tensor hooks, the decoder's cast and gradient, optimizer) and the host's
@@ -1065,49 +1065,47 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as error:
             rows.append(failed({"section": "curves", "vocab": 0, "head": "all"}, error))
         write_results(args.out, gpu, meta, rows, curves)
+    def within_budget(part: str) -> bool:
+        if args.budget and time.perf_counter() - started > args.budget:
+            log(f"  {part}: skipped, past the time budget of {args.budget:.0f} s")
+            meta.setdefault("skipped", []).append(part)
+            return False
+        return True
+
     if any(s in sections for s in ("step", "head", "memory", "batch")):
         step_batches = [int(x) for x in args.step_batches.split(",")]
-        for (name, kind, vocab), step_batch in zip(BODIES, step_batches):
-            if name not in wanted:
-                continue
-            if cpu:
-                vocab, step_batch = {30_522: 1_000, 250_002: 3_001}[vocab], 4
-            log(f"{name} (V={vocab}), {time.perf_counter() - started:.0f} s in")
-            heads = make_heads(heads_wanted)
-            model = Splade(make_config(kind, vocab, tiny=cpu)).to(args.device)
-
-            def within_budget(part: str, vocab: int = vocab) -> bool:
-                if args.budget and time.perf_counter() - started > args.budget:
-                    log(f"  V={vocab} {part}: skipped, past the time budget of {args.budget:.0f} s")
-                    meta.setdefault("skipped", []).append(f"V={vocab} {part}")
-                    return False
-                return True
-
-            # torch.compile's head last: its compilation is the slowest part, and the rest is kept if it runs long
-            for group in ({n: h for n, h in heads.items() if n != "compile"},
-                          {n: h for n, h in heads.items() if n == "compile"}):
-                if not group:
+        # torch.compile's head after every body's other measurements: its compilation is the slowest part
+        for names in ([h for h in heads_wanted if h != "compile"], [h for h in heads_wanted if h == "compile"]):
+            for (name, kind, vocab), step_batch in zip(BODIES, step_batches):
+                if not names or name not in wanted:
                     continue
-                names = "+".join(group)
-                if "step" in sections and within_budget(f"step {names}"):
-                    rows += section_step(model, group, args.device, vocab, step_batch, args, gen)
-                if "head" in sections and within_budget(f"head {names}"):
-                    rows += section_head(model, group, args.device, vocab, step_batch, args, gen)
-                if "memory" in sections and within_budget(f"memory {names}"):
-                    rows += section_memory(model, group, args.device, vocab, step_batch, args, gen)
-                if "batch" in sections and "compile" not in group and within_budget("batch"):
-                    rows += section_batch(model, group, args.device, vocab, args, gen)
+                if cpu:
+                    vocab, step_batch = {30_522: 1_000, 250_002: 3_001}[vocab], 4
+                label = f"V={vocab} {'+'.join(names)}"
+                if not within_budget(label):
+                    continue
+                log(f"{name} (V={vocab}), {'+'.join(names)}, {time.perf_counter() - started:.0f} s in")
+                heads = make_heads(tuple(names))
+                model = Splade(make_config(kind, vocab, tiny=cpu)).to(args.device)
+                if "step" in sections and within_budget(f"{label} step"):
+                    rows += section_step(model, heads, args.device, vocab, step_batch, args, gen)
+                if "head" in sections and within_budget(f"{label} head"):
+                    rows += section_head(model, heads, args.device, vocab, step_batch, args, gen)
+                if "memory" in sections and within_budget(f"{label} memory"):
+                    rows += section_memory(model, heads, args.device, vocab, step_batch, args, gen)
+                if "batch" in sections and "compile" not in heads and within_budget(f"{label} batch"):
+                    rows += section_batch(model, heads, args.device, vocab, args, gen)
                     larger = comparison_batch(rows, vocab)
                     if "step" in sections and larger and larger != step_batch and \
-                            within_budget(f"step at the comparison batch {larger}"):
-                        pair = {n: h for n, h in group.items() if n in ("sparton", "eager")}
+                            within_budget(f"{label} step at the comparison batch {larger}"):
+                        pair = {n: h for n, h in heads.items() if n in ("sparton", "eager")}
                         log(f"  step at the comparison batch {larger} (eager's largest less 10%, a multiple of 8)")
                         rows += section_step(model, pair, args.device, vocab, larger, args, gen,
                                              rule="eager's largest batch less 10%")
                 speedups(rows)
+                del model, heads
+                release(args.device)
                 write_results(args.out, gpu, meta, rows, curves)  # kept if a later part runs out of time
-            del model, heads
-            release(args.device)
     meta["seconds"] = time.perf_counter() - started
     meta["matmul_bf16_tflops"] = _MATMUL[0] if _MATMUL else None
     write_results(args.out, gpu, meta, rows, curves)
