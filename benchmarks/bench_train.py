@@ -605,12 +605,13 @@ def section_head(model, heads, device, vocab, batch, args, gen) -> list[dict]:
 def section_memory(model, heads, device, vocab, batch, args, gen) -> list[dict]:
     """Peak memory of the head's forward + backward on one batch of documents (torch.cuda.max_memory_allocated
     beyond what was allocated before), less its output, the inputs' gradients and Sparton's saved argmax: what
-    the head needs of its own. For Sparton, also the op alone on the bf16 packed tokens it is handed."""
+    the head needs of its own. For Sparton, also the op alone on the bf16 packed tokens it is handed, for the
+    documents and for the queries (few tokens: dH's vocabulary split in ranges, with partial sums in a scratch)."""
     rows = []
     if device != "cuda":
         return rows
-    side = random_batch(batch, vocab, device, gen, args.quick)[1]
-    hidden = step_hidden(model, (side, side), device)[1]
+    q_side, side = random_batch(batch, vocab, device, gen, args.quick)
+    q_hidden, hidden = step_hidden(model, (q_side, side), device)
     grad = torch.randn(batch, vocab, device=device) / batch
     argmax = 4 * batch * vocab
 
@@ -646,20 +647,21 @@ def section_memory(model, heads, device, vocab, batch, args, gen) -> list[dict]:
             row = {**base, "status": "ok", "peak_bytes": peak, "forward_peak_bytes": forward, "owned_bytes": owned,
                    "argmax_bytes": argmax if name == "sparton" else 0}
             row["extra_bytes"] = peak - owned - row["argmax_bytes"]
-            if name == "sparton":
-                tokens = hidden.detach().reshape(-1, hidden.shape[-1])[side.index].to(weight.dtype).requires_grad_()
-                op_peak, _, op_owned = measure(
-                    lambda tokens=tokens, weight=weight, bias=bias: sparton.splade_max_packed(
-                        tokens, weight, bias, side.cu, side.length), [tokens, weight, bias])
-                row.update(op_peak_bytes=op_peak, op_extra_bytes=op_peak - op_owned - argmax)
-                del tokens
+            if name == "sparton":  # the op alone, documents and queries (whose few tokens split dH's vocabulary)
+                for key, h, s in (("op", hidden, side), ("op_queries", q_hidden, q_side)):
+                    tokens = h.detach().reshape(-1, h.shape[-1])[s.index].to(weight.dtype).requires_grad_()
+                    op_peak, _, op_owned = measure(
+                        lambda tokens=tokens, weight=weight, bias=bias, s=s: sparton.splade_max_packed(
+                            tokens, weight, bias, s.cu, s.length), [tokens, weight, bias])
+                    row.update({f"{key}_peak_bytes": op_peak, f"{key}_extra_bytes": op_peak - op_owned - argmax})
+                    del tokens
             del weight, bias
         except Exception as error:
             row = failed(base, error)
         rows.append(row)
         if row["status"] == "ok":
-            op = (f"; the op alone on its bf16 packed tokens {row['op_extra_bytes'] / 2**20:.2f} MiB"
-                  if "op_extra_bytes" in row else "")
+            op = (f"; the op alone on its bf16 packed tokens {row['op_extra_bytes'] / 2**20:.2f} MiB (queries "
+                  f"{row['op_queries_extra_bytes'] / 2**20:.2f} MiB)" if "op_extra_bytes" in row else "")
             arg = f", argmax {argmax / 2**20:.1f} MiB" if name == "sparton" else ""
             log(f"  memory V={vocab} B={batch} {name:8} peak {row['peak_bytes'] / 2**20:9.1f} MiB; beyond output, "
                 f"input gradients{' and argmax' if arg else ''}: {row['extra_bytes'] / 2**20:9.2f} MiB{arg}{op}")
