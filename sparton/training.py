@@ -7,8 +7,11 @@ dH = S·W (tokens × vocab × hidden), dW = Sᵀ·H (vocab × tokens × hidden),
 S is never stored: each backward kernel builds its [tokens, vocab] tile in registers from the [B, V] argmax, the
 upstream gradient and the forward's output (act' is a function of the output: relu makes it 0 where w = 0, and
 log1p's derivative 1/(1+x) is e^-w), and feeds it to the tensor cores; fp32 accumulators, no atomics, so the
-gradients are deterministic. Memory beyond inputs, outputs and the int32 argmax: the token→document map (4 bytes a
-token) and a segment table.
+gradients are deterministic. A tile's rows belong to a few documents, and a document's argmax rows are its own, so
+the tile is built from contiguous [K] slices of those documents' rows of the [B, V] arrays, one comparison with the
+tile's row numbers per document: no per-element gathers. Memory beyond inputs, outputs and the int32 argmax: the
+token→document map (4 bytes a token), a segment table and, for dH over few tokens, at most SPLIT_SCRATCH of partial
+sums.
 
 Tie rule: the argmax is the lowest token row (the earliest kept token of the document) among those whose logit
 equals the maximum; a document without a kept token has argmax -1 and gets no gradient. The PyTorch reference
@@ -182,13 +185,26 @@ def _grad_pre(go, w, DOUBLE_LOG: tl.constexpr):
     return tl.where(w > 0, go * slope, 0.0)
 
 
+@triton.jit
+def _doc_slice(grad_ptr, out_ptr, arg_ptr, d, d_last, cols, col_ok, stride_gd, stride_gv, stride_w, scale,
+               DOUBLE_LOG: tl.constexpr):
+    """Document d's argmax rows and g over the vocabulary entries cols: contiguous [K] loads, one activation
+    derivative per entry. Past the tile's last document (d > d_last) rows are -1, which no row equals."""
+    ok = tl.where(d <= d_last, col_ok, False)  # (the interpreter mistypes a scalar & a tensor)
+    d = tl.cast(d, tl.int64)  # a loop counter: a plain int under the interpreter
+    arg = tl.load(arg_ptr + d * stride_w + cols, mask=ok, other=-1)
+    go = tl.load(grad_ptr + d * stride_gd + cols * stride_gv, mask=ok, other=0.0)
+    w = tl.load(out_ptr + d * stride_w + cols, mask=ok, other=0.0)
+    return arg, _grad_pre(go, w, DOUBLE_LOG) * scale
+
+
 @triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "T", "V", "SPLIT_V"])
 def _grad_hidden_kernel(
     weight_desc,  # [V, H], block [BLOCK_K, BLOCK_H]
     grad_ptr,  # [B, V] upstream gradient, any strides
     out_ptr,  # [B, V] fp32 forward output
     arg_ptr,  # [B, V] int32 argmax row (-1: none); same strides as out
-    doc_ptr,  # [T] int32 document of each row
+    doc_ptr,  # [T] int32 document of each row, non-decreasing
     scale_ptr,  # fp32 scalar: S is multiplied by it before the 16-bit cast (fp16 range), or None
     dh_ptr,  # [T, H] output, hidden's dtype
     part_ptr,  # [n_splits, T, H] fp32 partial sums (the vocabulary split in ranges), or None: dh_ptr directly
@@ -202,11 +218,16 @@ def _grad_hidden_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    ONE_DOC: tl.constexpr,  # every BLOCK_T-row tile lies in one document (padded, BLOCK_T divides L)
+    NDOC: tl.constexpr,  # documents whose [K] slices build S together
     DOUBLE_LOG: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dH[t, h] = Σ_v S[t, v]·W[v, h]: a [BLOCK_T, BLOCK_H] tile, K = the vocabulary (or one split of it)."""
+    """dH[t, h] = Σ_v S[t, v]·W[v, h]: a [BLOCK_T, BLOCK_H] tile, K = the vocabulary (or one split of it).
+
+    Each K step builds S from the [K] slices of the argmax and g of the tile's documents: S[t, v] = g[d, v] where t
+    is document d's argmax, and the documents' rows are disjoint, so one comparison per document places every entry.
+    The tile's documents go NDOC at a time, one sweep of K each: a single sweep unless the tile holds more than NDOC
+    (short) documents. The sweep is the innermost loop, software-pipelined like a plain GEMM's."""
     n_h = H // BLOCK_H
     n_tiles = tl.cdiv(T, BLOCK_T) * n_h
     tile = tl.program_id(0) % n_tiles
@@ -217,33 +238,22 @@ def _grad_hidden_kernel(
     v_hi = tl.minimum(v_lo + SPLIT_V, V)
     rows = t0 + tl.arange(0, BLOCK_T)
     row_ok = rows < T
-    if ONE_DOC:
-        doc_base = tl.load(doc_ptr + t0).to(tl.int64)
-    else:
-        docs = tl.load(doc_ptr + rows, mask=row_ok, other=0).to(tl.int64)
+    d_last = tl.load(doc_ptr + tl.minimum(t0 + BLOCK_T, T) - 1)
     scale = 1.0
     if scale_ptr is not None:
         scale = tl.load(scale_ptr)
     acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-    for k in range(v_lo, v_hi, BLOCK_K):
-        cols = k + tl.arange(0, BLOCK_K)
-        col_ok = cols < v_hi
-        if ONE_DOC:
-            # the document's [BLOCK_K] slice once; each row of the tile picks the columns whose argmax it is
-            arg = tl.load(arg_ptr + doc_base * stride_w + cols, mask=col_ok, other=-1)
-            go = tl.load(grad_ptr + doc_base * stride_gd + cols * stride_gv, mask=col_ok, other=0.0)
-            w = tl.load(out_ptr + doc_base * stride_w + cols, mask=col_ok, other=0.0)
-            g = _grad_pre(go, w, DOUBLE_LOG) * scale
-            s = tl.where(arg[None, :] == rows[:, None], g[None, :], 0.0)
-        else:
-            ok = row_ok[:, None] & col_ok[None, :]
-            arg = tl.load(arg_ptr + docs[:, None] * stride_w + cols[None, :], mask=ok, other=-1)
-            hit = arg == rows[:, None]
-            go = tl.load(grad_ptr + docs[:, None] * stride_gd + cols[None, :] * stride_gv, mask=hit, other=0.0)
-            w = tl.load(out_ptr + docs[:, None] * stride_w + cols[None, :], mask=hit, other=0.0)
-            s = _grad_pre(go, w, DOUBLE_LOG) * scale
-        wt = weight_desc.load([k, h0])
-        acc = tl.dot(s.to(wt.dtype), wt, acc, input_precision=DOT_PRECISION)
+    for d0 in range(tl.load(doc_ptr + t0), d_last + 1, NDOC):
+        for k in range(v_lo, v_hi, BLOCK_K):
+            cols = k + tl.arange(0, BLOCK_K)
+            col_ok = cols < v_hi
+            s = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
+            for j in tl.static_range(NDOC):
+                arg, g = _doc_slice(grad_ptr, out_ptr, arg_ptr, d0 + j, d_last, cols, col_ok, stride_gd, stride_gv,
+                                    stride_w, scale, DOUBLE_LOG)
+                s = tl.where(arg[None, :] == rows[:, None], g[None, :], s)
+            wt = weight_desc.load([k, h0])
+            acc = tl.dot(s.to(wt.dtype), wt, acc, input_precision=DOT_PRECISION)
     acc = acc / scale
     offs = rows[:, None].to(tl.int64) * H + (h0 + tl.arange(0, BLOCK_H))[None, :]
     if part_ptr is None:
@@ -260,6 +270,7 @@ def _grad_weight_kernel(
     arg_ptr,
     doc_ptr,
     scale_ptr,
+    pass_ptr,  # int32 scalar: sweeps over the tokens (the most documents a window spans, NDOC a sweep), or None: 1
     dw_ptr,  # [V, H] output, weight's dtype
     stride_gd,
     stride_gv,
@@ -270,11 +281,14 @@ def _grad_weight_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_T: tl.constexpr,
-    ONE_DOC: tl.constexpr,
+    NDOC: tl.constexpr,
     DOUBLE_LOG: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
-    """dW[v, h] = Σ_t S[t, v]·H[t, h]: a [BLOCK_V, BLOCK_H] tile, K = the tokens."""
+    """dW[v, h] = Σ_t S[t, v]·H[t, h]: a [BLOCK_V, BLOCK_H] tile, K = the tokens, BLOCK_T rows a step. Each window's
+    Sᵀ comes from the [BLOCK_V] slices of NDOC of the documents it spans; sweep p takes each window's documents
+    p·NDOC .. p·NDOC + NDOC - 1. The number of sweeps is one for all the windows (a branch per window would stop
+    the loop's pipelining): where one window spans more documents, the others add zeros in the extra sweeps."""
     n_h = H // BLOCK_H
     v0 = (tl.program_id(0) // n_h) * BLOCK_V
     h0 = (tl.program_id(0) % n_h) * BLOCK_H
@@ -283,27 +297,22 @@ def _grad_weight_kernel(
     scale = 1.0
     if scale_ptr is not None:
         scale = tl.load(scale_ptr)
+    n_pass = 1
+    if pass_ptr is not None:
+        n_pass = tl.load(pass_ptr)
     acc = tl.zeros((BLOCK_V, BLOCK_H), dtype=tl.float32)
-    for t0 in range(0, T, BLOCK_T):
-        rows = t0 + tl.arange(0, BLOCK_T)
-        if ONE_DOC:
-            doc = tl.load(doc_ptr + t0).to(tl.int64)
-            arg = tl.load(arg_ptr + doc * stride_w + offs_v, mask=v_ok, other=-1)
-            go = tl.load(grad_ptr + doc * stride_gd + offs_v * stride_gv, mask=v_ok, other=0.0)
-            w = tl.load(out_ptr + doc * stride_w + offs_v, mask=v_ok, other=0.0)
-            g = _grad_pre(go, w, DOUBLE_LOG) * scale
-            s = tl.where(arg[:, None] == rows[None, :], g[:, None], 0.0)  # Sᵀ tile [BLOCK_V, BLOCK_T]
-        else:
-            row_ok = rows < T
-            docs = tl.load(doc_ptr + rows, mask=row_ok, other=0).to(tl.int64)
-            ok = v_ok[:, None] & row_ok[None, :]
-            arg = tl.load(arg_ptr + docs[None, :] * stride_w + offs_v[:, None], mask=ok, other=-1)
-            hit = arg == rows[None, :]
-            go = tl.load(grad_ptr + docs[None, :] * stride_gd + offs_v[:, None] * stride_gv, mask=hit, other=0.0)
-            w = tl.load(out_ptr + docs[None, :] * stride_w + offs_v[:, None], mask=hit, other=0.0)
-            s = _grad_pre(go, w, DOUBLE_LOG) * scale
-        h = tokens_desc.load([t0, h0])
-        acc = tl.dot(s.to(h.dtype), h, acc, input_precision=DOT_PRECISION)
+    for p in range(0, n_pass):
+        for t0 in range(0, T, BLOCK_T):
+            rows = t0 + tl.arange(0, BLOCK_T)
+            d0 = tl.load(doc_ptr + t0) + p * NDOC
+            d_last = tl.load(doc_ptr + tl.minimum(t0 + BLOCK_T, T) - 1)
+            s = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)  # Sᵀ
+            for j in tl.static_range(NDOC):
+                arg, g = _doc_slice(grad_ptr, out_ptr, arg_ptr, d0 + j, d_last, offs_v, v_ok, stride_gd, stride_gv,
+                                    stride_w, scale, DOUBLE_LOG)
+                s = tl.where(arg[:, None] == rows[None, :], g[:, None], s)
+            h = tokens_desc.load([t0, h0])
+            acc = tl.dot(s.to(h.dtype), h, acc, input_precision=DOT_PRECISION)
     acc = acc / scale
     offs_h = h0 + tl.arange(0, BLOCK_H)
     tl.store(dw_ptr + offs_v[:, None].to(tl.int64) * H + offs_h[None, :], acc.to(dw_ptr.dtype.element_ty),
@@ -334,29 +343,29 @@ FORWARD_16 = {"BLOCK_V": 256, "BLOCK_L": 128, "BLOCK_K": 64, "GROUP_S": 8, "SLAB
               "num_warps": 8, "num_stages": 3}
 FORWARD_32 = {"BLOCK_V": 128, "BLOCK_L": 64, "BLOCK_K": 32, "GROUP_S": 8, "SLAB": 16, "SEGMENT": 1024,
               "num_warps": 8, "num_stages": 3}
-# Backward tiles: 128 × 256 fp32 accumulators (128 registers a thread at 8 warps, as the forward's). The S tile is
-# built in registers: where each tile lies in one document (ONE_DOC) from [K] slices of the document's rows, K = 32;
-# otherwise from per-element gathers, pipelined through shared memory by cp.async, whose addresses take registers:
-# K = 16 keeps them from spilling (sm_90, ptxas: 224 and 208 registers; K = 32 spilled 144 and 56 bytes).
-# dH with fewer 128-row tiles than SMs ("small": 64-row tiles, both paths; 107 and 176 registers) doubles its tiles
-# before splitting the vocabulary.
-GRAD_HIDDEN_16 = {"one_doc": {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4},
-                  "gather": {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 16, "num_warps": 8, "num_stages": 4},
-                  "small": {"BLOCK_T": 64, "BLOCK_H": 256, "BLOCK_K": 32, "num_warps": 8, "num_stages": 4}}
-GRAD_WEIGHT_16 = {"one_doc": {"BLOCK_V": 128, "BLOCK_H": 256, "BLOCK_T": 32, "num_warps": 8, "num_stages": 4},
-                  "gather": {"BLOCK_V": 128, "BLOCK_H": 256, "BLOCK_T": 16, "num_warps": 8, "num_stages": 4}}
-GRAD_HIDDEN_32 = {"BLOCK_T": 64, "BLOCK_H": 128, "BLOCK_K": 16, "num_warps": 4, "num_stages": 3}
-GRAD_WEIGHT_32 = {"BLOCK_V": 64, "BLOCK_H": 128, "BLOCK_T": 16, "num_warps": 4, "num_stages": 3}
+# Backward tiles: 128 × 256 fp32 accumulators (128 registers a thread at 8 warps, as the forward's), K = 32. S is
+# built in registers from the [K] slices of NDOC documents a step (two for packed input: a 128-row tile or a 32-row
+# window of documents ≥ 127 or ≥ 31 tokens spans at most two); padded input gets the exact count where it is at most
+# MAX_NDOC. sm_90 (ptxas, Triton 3.9): dH 224 / 228 / 210 registers at NDOC 1 / 2 / 4, dW 227 / 210 / 254, no
+# spills, every load software-pipelined. dH with fewer 128-row tiles than SMs ("small": 64-row tiles, 169
+# registers) doubles its tiles before splitting the vocabulary.
+GRAD_HIDDEN_16 = {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 32, "NDOC": 2, "num_warps": 8, "num_stages": 4,
+                  "small": {"BLOCK_T": 64, "BLOCK_H": 256, "BLOCK_K": 32, "NDOC": 2, "num_warps": 8,
+                            "num_stages": 4}}
+GRAD_WEIGHT_16 = {"BLOCK_V": 128, "BLOCK_H": 256, "BLOCK_T": 32, "NDOC": 2, "num_warps": 8, "num_stages": 4}
+GRAD_HIDDEN_32 = {"BLOCK_T": 64, "BLOCK_H": 128, "BLOCK_K": 16, "NDOC": 2, "num_warps": 4, "num_stages": 3}
+GRAD_WEIGHT_32 = {"BLOCK_V": 64, "BLOCK_H": 128, "BLOCK_T": 16, "NDOC": 2, "num_warps": 4, "num_stages": 3}
 GRAD_BIAS = {"BLOCK_D": 16, "BLOCK_V": 128}
 # dH has few tiles when T is small (queries; the large batches a 250,002-term head trains at are not): the vocabulary
 # is then split in ranges whose fp32 partial sums go to a scratch of at most this size and are added in a fixed
 # order, until the programs fill the GPU twice over (each range ≥ 32 K steps).
 SPLIT_SCRATCH = 8 * 2**20
+MAX_NDOC = 4  # padded input: the documents a tile spans, where fixed, taken in one step up to this many
 # Under TRITON_INTERPRET=1: small tiles, so that small shapes cover several windows per segment, documents over
 # windows and segments, several documents per slab, odd segment edges and several K steps.
 INTERPRETER_FORWARD = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_S": 2, "SLAB": 4, "SEGMENT": 40}
-INTERPRETER_GRAD_HIDDEN = {"BLOCK_T": 16, "BLOCK_H": 16, "BLOCK_K": 16}
-INTERPRETER_GRAD_WEIGHT = {"BLOCK_V": 16, "BLOCK_H": 16, "BLOCK_T": 16}
+INTERPRETER_GRAD_HIDDEN = {"BLOCK_T": 16, "BLOCK_H": 16, "BLOCK_K": 16, "NDOC": 2}
+INTERPRETER_GRAD_WEIGHT = {"BLOCK_V": 16, "BLOCK_H": 16, "BLOCK_T": 16, "NDOC": 2}
 INTERPRETER_GRAD_BIAS = {"BLOCK_D": 4, "BLOCK_V": 16}
 
 
@@ -421,21 +430,38 @@ def _forward(tokens: Tensor, weight: Tensor, bias: Tensor | None, keep: Tensor |
     return out, arg
 
 
-def _pick(configs: dict, hidden: int, padded_len: int | None, n_rows: int | None = None,
+def _pick(configs: dict, hidden: int, padded_len: int | None, rows_key: str, n_rows: int | None = None,
           programs: int = 0) -> tuple[dict, bool]:
-    """(config, ONE_DOC) for a backward kernel: the one-document config where every tile of its rows lies in one
-    document (padded input whose length its BLOCK_T divides), else the gather one; the "small" one where the chosen
-    one has fewer tiles than programs (n_rows given); BLOCK_H lowered to a power of two dividing H. A plain config
-    (tests, interpreter) serves every case."""
-    one = configs.get("one_doc", configs)
-    one_doc = padded_len is not None and padded_len % one["BLOCK_T"] == 0
-    config = dict(one if one_doc else configs.get("gather", configs))
-    while hidden % config["BLOCK_H"]:
-        config["BLOCK_H"] //= 2
+    """(config, exact) for a backward kernel: the "small" variant where the main one has fewer tiles than programs
+    (n_rows given); BLOCK_H lowered to a power of two dividing H; NDOC the documents a tile (rows_key rows) spans
+    where padded input fixes it (exact: every tile spans at most NDOC), else the config's."""
     if "small" in configs and n_rows is not None and \
-            triton.cdiv(n_rows, config["BLOCK_T"]) * (hidden // config["BLOCK_H"]) < programs:
-        return _pick(configs["small"], hidden, padded_len)
-    return config, one_doc
+            triton.cdiv(n_rows, configs[rows_key]) * (hidden // _block_h(configs["BLOCK_H"], hidden)) < programs:
+        configs = configs["small"]
+    config = {k: v for k, v in configs.items() if k != "small"}
+    config["BLOCK_H"] = _block_h(config["BLOCK_H"], hidden)
+    exact = False
+    if padded_len:  # the most documents a tile of `rows` rows, starting at a multiple of them, can span
+        rows = config[rows_key]
+        span = 1 if padded_len % rows == 0 else rows // padded_len if rows % padded_len == 0 else \
+            (rows - 1) // padded_len + 2
+        if span <= MAX_NDOC:
+            config["NDOC"], exact = span, True
+    return config, exact
+
+
+def _block_h(block: int, hidden: int) -> int:
+    while hidden % block:
+        block //= 2
+    return block
+
+
+def _sweeps(doc: Tensor, n_rows: int, block: int, ndoc: int) -> Tensor:
+    """int32 [1] on the device: dW's sweeps over the tokens, the most documents a BLOCK_T-row window spans over
+    NDOC (no host sync)."""
+    first = doc[::block]
+    last = doc[torch.arange(block - 1, n_rows + block - 1, block, device=doc.device).clamp_max_(n_rows - 1)]
+    return ((last - first).max().reshape(1) + ndoc).div_(ndoc, rounding_mode="floor")
 
 
 def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, doc: Tensor,
@@ -443,7 +469,7 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
               need_bias: bool = True, grads: tuple[Tensor | None, Tensor | None, Tensor | None] | None = None,
               configs: tuple[dict, dict, dict] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(d tokens [T, H], dW [V, H], db float32 [V]); a gradient not asked for comes back empty. padded_len: the
-    documents' common row count (padded input), which lets a tile inside one document read its [V] slices once.
+    documents' common row count (padded input), which fixes how many documents a tile spans.
     grads: buffers to write into (tests poison them); configs: (hidden, weight, bias) tile configs."""
     n_rows, hidden = tokens.shape
     n_docs, n_vocab = out.shape
@@ -456,8 +482,8 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
             configs = (GRAD_HIDDEN_32, GRAD_WEIGHT_32, GRAD_BIAS)
         else:
             configs = (GRAD_HIDDEN_16, GRAD_WEIGHT_16, GRAD_BIAS)
-    (cfg_h, one_doc_h), (cfg_w, one_doc_w) = (_pick(configs[0], hidden, padded_len, n_rows, _programs(device)),
-                                              _pick(configs[1], hidden, padded_len))
+    cfg_h, _ = _pick(configs[0], hidden, padded_len, "BLOCK_T", n_rows, _programs(device))
+    cfg_w, exact_w = _pick(configs[1], hidden, padded_len, "BLOCK_T")
     cfg_b = configs[2]
     dh_buf, dw_buf, db_buf = grads if grads is not None else (None, None, None)
     # row-major, whatever the inputs' strides (the kernels write rows of H); a gradient not asked for: an empty
@@ -495,14 +521,17 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
             weight_desc = TensorDescriptor.from_tensor(_tma_ready(weight), [block_k, cfg_h["BLOCK_H"]])
             _grad_hidden_kernel[(tiles * splits,)](
                 weight_desc, grad, out, arg, doc, scale, dh, parts, *strides, n_rows, n_vocab, split_v, hidden,
-                ONE_DOC=one_doc_h, DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_h)
+                DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_h)
             if parts is not None:
-                dh.copy_(parts.sum(dim=0))
+                for part in parts[1:]:  # in a fixed order, in place: no scratch beyond the partials
+                    parts[0] += part
+                dh.copy_(parts[0])
         if need_weight:
             tokens_desc = TensorDescriptor.from_tensor(tokens, [cfg_w["BLOCK_T"], cfg_w["BLOCK_H"]])
+            sweeps = None if exact_w else _sweeps(doc, n_rows, cfg_w["BLOCK_T"], cfg_w["NDOC"])
             grid = (triton.cdiv(n_vocab, cfg_w["BLOCK_V"]) * (hidden // cfg_w["BLOCK_H"]),)
-            _grad_weight_kernel[grid](tokens_desc, grad, out, arg, doc, scale, dw, *strides, n_rows, n_vocab, hidden,
-                                      ONE_DOC=one_doc_w, DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_w)
+            _grad_weight_kernel[grid](tokens_desc, grad, out, arg, doc, scale, sweeps, dw, *strides, n_rows, n_vocab,
+                                      hidden, DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_w)
         if need_bias:
             grid = (triton.cdiv(n_vocab, cfg_b["BLOCK_V"]),)
             _grad_bias_kernel[grid](grad, out, db, *strides, n_docs, n_vocab, DOUBLE_LOG=double_log, **cfg_b)

@@ -240,6 +240,50 @@ def test_poisoned_gradient_buffers_are_fully_written(packed, seed):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("ndoc", [1, 2, 3])
+def test_tiles_over_many_short_documents(ndoc, seed):
+    """Packed documents of 0-7 rows: a 16-row tile or window spans up to ten of them, so dH takes the tile's
+    documents NDOC at a time (several sweeps of K) and dW sweeps the tokens several times; every NDOC gives the
+    oracle's gradients, into poisoned buffers, and dW's sweep count is the most documents a window spans over NDOC."""
+    lengths = [3, 0, 7, 1, 1, 5, 2, 0, 6, 4, 1, 7, 3, 2, 0, 5, 1, 1, 1, 6]
+    seq = max(lengths)
+    h, w, b, g = _inputs(seed, len(lengths), seq, 32, 45, torch.float32)
+    tokens, cu = _pack(h, lengths)
+    grad = torch.randn(len(lengths), 45, generator=g)
+    out, arg = training.splade_max_packed_argmax_triton(tokens, w, b, cu)
+    doc, _ = training._packed_rows(tokens, cu)
+    n_rows = tokens.shape[0]
+    spans = [int(doc[min(t + 15, n_rows - 1)] - doc[t]) + 1 for t in range(0, n_rows, 16)]
+    assert max(spans) > 3, "the construction must put more than NDOC documents in a window"
+    assert int(training._sweeps(doc, n_rows, 16, ndoc)) == -(-max(spans) // ndoc)
+    configs = ({**training.INTERPRETER_GRAD_HIDDEN, "NDOC": ndoc}, {**training.INTERPRETER_GRAD_WEIGHT, "NDOC": ndoc},
+               training.INTERPRETER_GRAD_BIAS)
+    buffers = tuple(torch.full_like(t, float("nan")) for t in (tokens, w, b))
+    got = training._backward(grad, out, arg, tokens, w, doc, None, "log1p_relu", grads=buffers, configs=configs)
+    mask = _prefix_mask(lengths, seq)
+    want = _oracle(h, w, b, mask, grad, choice=torch.where(arg >= 0, arg - cu[:-1].long()[:, None], -1).long())
+    _check_grads(got, (want[2][mask], want[3], want[4]), torch.float32, seed, f"NDOC {ndoc}")
+
+
+@pytest.mark.skipif(training is None, reason="triton missing")
+def test_backward_tiles_fit_the_input():
+    """Padded input fixes the documents a tile spans (NDOC exact where at most MAX_NDOC: 1 where L is a multiple of
+    the rows, BLOCK_T / L where it divides them, else ⌊(BLOCK_T - 1) / L⌋ + 2); packed input, or more documents than
+    that, keeps the config's NDOC. dH takes 64-row tiles where 128-row ones would leave SMs idle."""
+    cases = [(256, 1, True), (32, 4, True), (48, 4, True), (192, 2, True), (None, 2, False), (8, 2, False),
+             (40, 2, False)]
+    for padded_len, ndoc, exact in cases:
+        config, is_exact = training._pick(training.GRAD_HIDDEN_16, 768, padded_len, "BLOCK_T")
+        assert (config["BLOCK_T"], config["NDOC"], is_exact) == (128, ndoc, exact), padded_len
+        assert "small" not in config and config["BLOCK_H"] == 256
+    config, _ = training._pick(training.GRAD_HIDDEN_16, 768, 32, "BLOCK_T", n_rows=16 * 32, programs=132)
+    assert (config["BLOCK_T"], config["NDOC"]) == (64, 2)
+    config, exact = training._pick(training.GRAD_WEIGHT_16, 768, 32, "BLOCK_T")
+    assert (config["BLOCK_T"], config["NDOC"], exact) == (32, 1, True)
+    assert training._pick(training.GRAD_HIDDEN_16, 320, None, "BLOCK_T")[0]["BLOCK_H"] == 64
+
+
+@needs_interpreter
 @pytest.mark.parametrize("splits", [2, 3])
 def test_grad_hidden_split_over_the_vocabulary(splits, seed):
     """dH's K loop split in vocabulary ranges (what small token counts get on a GPU): the fp32 partials are summed
@@ -425,25 +469,56 @@ def test_reference_without_grad_is_unchanged(seed):
 # ---------------------------------------------------------------- the training benchmark's code paths
 
 
-def test_bench_train_smoke_run_on_cpu(tmp_path):
-    """benchmarks/bench_train.py end to end on CPU with tiny bodies (the reference head stands in for the kernel):
-    every section runs, the loss curves of the two heads agree, the results carry their provenance."""
+def _bench_train():
     import importlib.util
-    import json
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("bench_train", root / "benchmarks" / "bench_train.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_bench_train_cuts_device_time_into_phases():
+    """The profiled step's kernels (start µs, end µs, name) are cut into phases at the marker kernels, one per mark:
+    overlapping kernels count once, kernels before the first or after the last marker belong to no phase."""
+    bench = _bench_train()
+    spans = [(0, 5, "k"), (10, 11, "m"), (12, 20, "k"), (15, 25, "k"), (30, 31, "m"), (32, 40, "k"), (50, 51, "m"),
+             (60, 70, "k")]
+    busy, phases = bench.busy_by_phase(spans, "m", ["a", "b", "end"])
+    assert phases == {"a": 13 / 1e3, "b": 8 / 1e3} and busy == 21 / 1e3
+    busy, phases = bench.busy_by_phase(spans, "m", ["a", "end"])  # markers not one per mark: the total only
+    assert phases == {} and busy == 36 / 1e3
+    assert bench.busy_by_phase(spans, None, ["a"]) == (bench._union_ms([(s, e) for s, e, _ in spans]), {})
+    coarse = bench.coarse({"head fwd q": {"gpu_ms": 1.0}, "body fwd d": {"gpu_ms": 2.0}, "head fwd d": {"gpu_ms": 3.0}})
+    assert coarse == {"body fwd": {"gpu_ms": 2.0}, "head fwd": {"gpu_ms": 4.0}}
+
+
+def test_bench_train_smoke_run_on_cpu(tmp_path):
+    """benchmarks/bench_train.py end to end on CPU with tiny bodies (the reference head stands in for the kernel):
+    every section runs, every step phase is marked, the loss curves of the heads agree, the results carry their
+    provenance."""
+    import json
+
+    bench = _bench_train()
     args = ["--device", "cpu", "--quick", "--bodies", "bert-base", "--curve-steps", "3", "--steps", "1",
             "--batch-cap", "8", "--out", str(tmp_path)]
     assert bench.main(args) == 0
     result = json.loads((tmp_path / "train_cpu.json").read_text())
     assert result["provenance"]["command"].startswith("python")
     sections = {row["section"] for row in result["rows"]}
-    assert sections == {"step", "batch"}, sections
-    assert {row["head"] for row in result["rows"] if row["section"] == "step"} == {"sparton", "eager"}
-    assert result["curves"]["summary"]["max_rel_diff"] < 1e-3  # fp32 on CPU: the heads differ by rounding only
+    assert sections == {"step", "head", "batch"}, sections
+    assert all(row["status"] == "ok" for row in result["rows"]), result["rows"]
+    steps = [row for row in result["rows"] if row["section"] == "step"]
+    assert {row["head"] for row in steps} == {"sparton", "eager"}
+    for row in steps:  # every phase of the step was marked, the backward's through the tensor hooks
+        assert list(row["coarse"]) == ["body fwd", "head fwd", "loss", "head bwd", "body bwd", "decoder",
+                                       "optimizer"], row["coarse"]
+        assert abs(sum(p["host_ms"] for p in row["phases"].values()) - row["host_ms"]) < 1e-6
+        assert 0 < row["d_tokens"] < row["d_padded"]  # the Sparton head's packed rows: real tokens only
+    summary = result["curves"]["summary"]
+    for key in ("sparton_vs_eager", "eager32_vs_eager"):  # fp32 on CPU: the heads differ by rounding only
+        assert summary[key]["max"] < 1e-3, summary
     assert (tmp_path / "train_cpu.csv").read_text().startswith("# provenance: ")
     assert b"provenance" in (tmp_path / "train_cpu.png").read_bytes()[:4096]

@@ -42,12 +42,17 @@ def _padded(seed: int, vocab: int, dtype: torch.dtype, batch: int = 16, seq: int
     return h, w, b, mask, g
 
 
-def _packed(seed: int, vocab: int, dtype: torch.dtype, n_docs: int = 40):
+def _empty(n_docs: int) -> list[int]:
+    """The zero-length documents of _packed's batches: one early, one in the middle, the last."""
+    return [2, n_docs // 2, n_docs - 1]
+
+
+def _packed(seed: int, vocab: int, dtype: torch.dtype, n_docs: int = 40, longest: int = 256):
     w, b, g = _weights(seed, vocab, dtype)
     cpu = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, 257, (n_docs,), generator=cpu)
-    lengths[::5] = torch.randint(1, 40, lengths[::5].shape, generator=cpu)  # short documents: several in a tile
-    lengths[[2, 17, n_docs - 1]] = 0
+    lengths = torch.randint(1, longest + 1, (n_docs,), generator=cpu)
+    lengths[::5] = torch.randint(1, min(40, longest + 1), lengths[::5].shape, generator=cpu)  # several in a tile
+    lengths[_empty(n_docs)] = 0
     cu = torch.zeros(n_docs + 1, dtype=torch.int32)
     cu[1:] = lengths.cumsum(0)
     tokens = torch.randn(int(cu[-1]), HIDDEN, device="cuda", generator=g).to(dtype)
@@ -101,16 +106,18 @@ def test_padded_forward_and_backward(vocab, dtype, seed):
 
 
 @pytest.mark.parametrize("vocab", [30_522, 250_002])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_packed_forward_and_backward(vocab, dtype, seed):
-    """Packed documents of 0..256 tokens: the backward's gather tiles (several documents in a tile)."""
-    tokens, w, b, cu, g = _packed(seed, vocab, dtype)
+@pytest.mark.parametrize(("dtype", "longest"), [(torch.bfloat16, 256), (torch.float16, 256), (torch.bfloat16, 12)])
+def test_packed_forward_and_backward(vocab, dtype, longest, seed):
+    """Packed documents of 0..256 tokens (several documents in a tile, tiles over two documents), and of 0..12
+    tokens (queries: a tile holds ten or more, dH takes them in several groups, dW sweeps the tokens several times)."""
+    tokens, w, b, cu, g = _packed(seed, vocab, dtype, n_docs=40 if longest > 64 else 200, longest=longest)
     n_docs = cu.numel() - 1
     out, arg = training.splade_max_packed_argmax_triton(tokens, w, b, cu)
     with torch.inference_mode():
         inference = sparton.splade_max_packed(tokens, w, b, cu)
     assert torch.allclose(out, inference, rtol=1e-5, atol=1e-6), f"seed {seed}"
-    assert (out[[2, 17, n_docs - 1]] == 0).all() and (arg[[2, 17, n_docs - 1]] == -1).all(), f"seed {seed}"
+    empty = _empty(n_docs)
+    assert (out[empty] == 0).all() and (arg[empty] == -1).all(), f"seed {seed}"
     doc, _ = training._packed_rows(tokens, cu)
     _check_argmax(tokens, doc, n_docs, w, b, arg, seed)
     grad = torch.randn(n_docs, vocab, device="cuda", generator=g)
@@ -126,8 +133,8 @@ def test_query_batches_split_the_vocabulary(vocab, seed):
     tokens = h.reshape(-1, HIDDEN)
     doc = torch.arange(8, device="cuda", dtype=torch.int32).repeat_interleave(32)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    config, _ = training._pick(training.GRAD_HIDDEN_16, HIDDEN, 32, tokens.shape[0], sms)
-    assert config["BLOCK_T"] == 64
+    config, _ = training._pick(training.GRAD_HIDDEN_16, HIDDEN, 32, "BLOCK_T", tokens.shape[0], sms)
+    assert (config["BLOCK_T"], config["NDOC"]) == (64, 2)
     assert training._splits(12, sms, tokens.shape[0] * HIDDEN * 4, triton_cdiv(vocab, config["BLOCK_K"])) > 1
     grad = torch.randn(8, vocab, device="cuda", generator=g)
     poisoned = torch.full_like(tokens, float("nan"))
@@ -145,7 +152,8 @@ def triton_cdiv(a: int, b: int) -> int:
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_poisoned_gradients_and_odd_vocabulary(packed, seed):
-    """NaN-filled gradient buffers are fully written (both backward paths) at an odd vocabulary size; bias None."""
+    """NaN-filled gradient buffers are fully written at an odd vocabulary size, bias None: packed documents, and padded
+    ones of 192 rows (tiles over two documents) with and without their common length."""
     vocab = 30_001
     if packed:
         tokens, w, _, cu, g = _packed(seed, vocab, torch.bfloat16)
