@@ -115,7 +115,7 @@ def main() -> None:
     args.work.mkdir(parents=True)
     if args.fit is None:
         from lsr_index.encode.job import EncodeJob, EncodeOptions
-        from lsr_index.encode.plan import encode_corpus
+        from lsr_index.encode.run import encode_corpus
 
         args.fit = args.work / "sample-vectors"
         encode_corpus(EncodeJob(inputs=(str(ROOT / "data/sample/corpus.jsonl"),), model="splade-tiny",
@@ -130,10 +130,10 @@ def main() -> None:
         info = build_index(vectors, index, threads=threads, heap="3g", progress=False, builder=builder, overwrite=True)
         cpu = cpu_seconds() - cpu0
         manifest = Manifest.load(vectors)
-        row = {"builder": builder, "threads": threads, "scale": scale, "docs": info["documents"],
-               "writers": info["writers"], "seconds": info["build_seconds"],
-               "docs_per_s": round(info["documents"] / info["build_seconds"], 1), "cpu_seconds": round(cpu, 1),
-               "docs_per_cpu_s": round(info["documents"] / cpu, 1),
+        row = {"builder": builder, "threads": threads, "scale": scale, "docs": info.documents,
+               "writers": info.writers, "seconds": info.build_seconds,
+               "docs_per_s": round(info.documents / info.build_seconds, 1), "cpu_seconds": round(cpu, 1),
+               "docs_per_cpu_s": round(info.documents / cpu, 1),
                "terms_per_doc": round(manifest.nonzeros / manifest.docs, 1), "index_bytes": size(index),
                "load_average": round(os.getloadavg()[0], 1)}
         rows.append(row)

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -226,7 +227,7 @@ def shards_filesystem(path: Path) -> str:
 def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, ...], dtype: str,
                   max_tokens: int, track_memory: bool = False) -> dict:
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
 
     job = EncodeJob(inputs=(str(corpus),), model=str(model_dir), dtype=dtype,
                     options=EncodeOptions(max_tokens=max_tokens, shard_docs=32768, overwrite=True, progress=False))
@@ -246,7 +247,8 @@ def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, 
     result = {"docs": manifest.docs, "seconds": seconds, "peak_gpu_gb": peak_gb(devices[0]) if in_process else None,
               "cpu_user_seconds": round(usage.ru_utime - usage0.ru_utime, 1),
               "cpu_system_seconds": round(usage.ru_stime - usage0.ru_stime, 1),
-              "nonzeros_per_doc": manifest.stats["nonzeros_per_doc"], "per_worker": manifest.stats["per_worker"],
+              "nonzeros_per_doc": manifest.stats.nonzeros_per_doc,
+              "per_worker": [asdict(w) for w in manifest.stats.per_worker],
               "bytes_on_disk": sum((out / s.file).stat().st_size for s in manifest.shards)}
     if memory:
         result["host_rss_mb"] = memory.samples

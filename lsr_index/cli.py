@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
@@ -67,6 +67,22 @@ def end_stopped(message: str, *, exit_handlers: bool = True) -> NoReturn:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(128 + _RECEIVED[0])
+
+
+@contextlib.contextmanager
+def signals_settled() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back while the output is marked complete, then ignored: once complete, a signal has
+    nothing left to stop, and saying "rerun to continue" would be wrong. A signal that came meanwhile is dropped."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        raise
+    for signum in held:
+        signal.signal(signum, signal.SIG_IGN)  # discards one pending while blocked
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def friendly_errors(fn: Callable) -> Callable:
@@ -189,7 +205,8 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     A rerun with the same inputs and settings encodes only the shards not yet complete.
     """
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.local import LocalExecutor
+    from lsr_index.encode.run import encode as encode_job
     from lsr_index.inputs.corpus import Fields
     from lsr_index.inputs.sources import resolve
     from lsr_index.runtime.durable import real_path
@@ -214,21 +231,22 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     devices = cluster.devices if cluster else _devices(options["device"])
     gpu = devices[0].startswith("cuda")
     max_tokens = value("max_tokens") or MAX_TOKENS["cuda" if gpu else "cpu"]
-    job = EncodeJob(
-        inputs=tuple(inputs), model=value("model"), query_model=options["query_model"],
-        dtype=_dtype(value("dtype"), gpu),
-        fields=Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None),
-        on_error=options["on_error"],
-        options=EncodeOptions(
-            doc_max_length=value("doc_max_length"), query_max_length=value("query_max_length"),
-            max_tokens=max_tokens, shard_docs=value("shard_docs"), output_format=value("output_format"),
-            checkpoint_seconds=value("checkpoint_seconds"),
-            quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
-            backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"]))
-    manifest = cluster.encode(job, out) if cluster else encode_corpus(job, out, devices)
-    # complete: nothing to resume, nothing to say (a KeyboardInterrupt in the exit's handlers printed a traceback)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_DFL)
+    try:
+        job = EncodeJob(
+            inputs=tuple(inputs), model=value("model"), query_model=options["query_model"],
+            dtype=_dtype(value("dtype"), gpu),
+            fields=Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None),
+            on_error=options["on_error"],
+            options=EncodeOptions(
+                doc_max_length=value("doc_max_length"), query_max_length=value("query_max_length"),
+                max_tokens=max_tokens, shard_docs=value("shard_docs"), output_format=value("output_format"),
+                checkpoint_seconds=value("checkpoint_seconds"),
+                quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
+                backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"]))
+        manifest = encode_job(job, out, cluster or LocalExecutor(devices), completing=signals_settled)
+    finally:
+        if cluster:
+            cluster.shutdown()
     _report_encoding(manifest, out, value("doc_max_length"), time.perf_counter() - ctx.obj["started"])
     if manifest.skipped:
         click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.jsonl'}", err=True)
@@ -240,31 +258,30 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
     starts after them)."""
     stats = manifest.stats
     # a worker left without a shard was "ready" only when it ended: its start-up is not the run's
-    startup = max((w["startup_seconds"] for w in stats.get("per_worker", []) if w["docs"]), default=0.0)
-    after = stats["docs_this_run"] / max(stats["seconds"] - startup, 1e-9)
+    startup = max((w.startup_seconds for w in stats.per_worker if w.docs), default=0.0)
+    after = stats.docs_this_run / max(stats.seconds - startup, 1e-9)
     click.echo(f"encoded {manifest.docs:,} documents into {len(manifest.shards)} shard(s) in {out} in "
-               f"{stats['seconds']:.1f} s: start-up {startup:.1f} s, then {after:,.1f} docs/s "
-               f"({stats['docs_per_second']:,.1f} docs/s overall, {stats['tokens_per_second']:,.0f} tokens/s, "
-               f"{stats['nonzeros_per_doc']:.1f} nonzeros/doc"
-               + (f", resumed at document {stats['resumed_at']:,}" if stats["resumed_at"] else "")
+               f"{stats.seconds:.1f} s: start-up {startup:.1f} s, then {after:,.1f} docs/s "
+               f"({stats.docs_per_second:,.1f} docs/s overall, {stats.tokens_per_second:,.0f} tokens/s, "
+               f"{stats.nonzeros_per_doc:.1f} nonzeros/doc"
+               + (f", resumed at document {stats.resumed_at:,}" if stats.resumed_at else "")
                + f"; {command_seconds:.1f} s since the command started)")
     if manifest.docs and not manifest.nonzeros:
         click.echo("warning: every vector is empty (no weight rounds to an impact of 1 or more at this --scale and "
                    "--min-weight): an index of these vectors finds nothing", err=True)
-    workers = stats.get("per_worker", [])
-    busiest = max((w["docs"] for w in workers), default=0)
-    shards = -(-stats["docs_this_run"] // manifest.shard_docs)  # encoded in this run
-    # over fewer than two shards a worker, whole shards cannot even out; over more, a worker that took fewer was slower
-    if len(workers) > 1 and shards < 2 * len(workers) and busiest > 1.5 * stats["docs_this_run"] / len(workers):
-        click.echo(f"note: one worker encoded {busiest:,} of the {stats['docs_this_run']:,} documents: each shard "
-                   f"goes to one worker whole, so {len(workers)} workers share the work evenly only over several "
-                   f"shards each ({shards} of {manifest.shard_docs:,} documents here: lower --shard-docs)", err=True)
+    workers = stats.per_worker
+    busiest = max((w.docs for w in workers), default=0)
+    # over fewer than two units a worker, whole units cannot even out; over more, a worker that took fewer was slower
+    if len(workers) > 1 and stats.units < 2 * len(workers) and busiest > 1.5 * stats.docs_this_run / len(workers):
+        click.echo(f"note: one worker encoded {busiest:,} of the {stats.docs_this_run:,} documents: the workers share "
+                   f"the input in units of a megabyte or more, and this one holds {stats.units} for {len(workers)} "
+                   "workers", err=True)
     cut = manifest.truncation
-    if cut["documents"]:
-        click.echo(f"truncated {cut['documents']:,} document(s) ({cut['share']:.1%}) at --doc-max-length "
-                   f"{doc_max_length}; the longest had {cut['longest_tokens']:,} tokens"
-                   + (f"; {cut['cut_at_characters']:,} cut at the reader's character bound first"
-                      if cut["cut_at_characters"] else ""), err=True)
+    if cut.documents:
+        click.echo(f"truncated {cut.documents:,} document(s) ({cut.share:.1%}) at --doc-max-length "
+                   f"{doc_max_length}; the longest had {cut.longest_tokens:,} tokens"
+                   + (f"; {cut.cut_at_characters:,} cut at the reader's character bound first"
+                      if cut.cut_at_characters else ""), err=True)
 
 
 @main.command()
@@ -290,11 +307,11 @@ def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads:
 
     vectors = vectors or ctx.obj["workdir"] / "vectors"
     index = index or ctx.obj["workdir"] / "index"
-    info = build_index(vectors, index, threads=threads, heap=heap, overwrite=overwrite,
+    built = build_index(vectors, index, threads=threads, heap=heap, overwrite=overwrite,
                        progress=ctx.obj["progress"], builder=builder)
-    click.echo(f"indexed {info['documents']:,} documents into {index} in {info['build_seconds']:.1f} s "
-               f"({info['builder']}, {info['writers']} writer(s), "
-               f"{info['documents'] / max(info['build_seconds'], 1e-9):,.0f} docs/s)")
+    click.echo(f"indexed {built.documents:,} documents into {index} in {built.build_seconds:.1f} s "
+               f"({built.builder}, {built.writers} writer(s), "
+               f"{built.documents / max(built.build_seconds, 1e-9):,.0f} docs/s)")
 
 
 @main.command()

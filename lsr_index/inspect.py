@@ -12,7 +12,7 @@ import json
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from lsr_index.errors import LsrIndexError
@@ -87,11 +87,11 @@ def queries(index: Path, texts: Sequence[str], top: int, model: str | None, devi
 
     encoder, quantization, manifest = load_query_encoder(index, model, device, "auto")
     numbered = [(str(i), text) for i, text in enumerate(texts)]
-    vectors = encode_queries(encoder, quantization, numbered, manifest.encoder["query_max_length"])
+    vectors = encode_queries(encoder, quantization, numbered, manifest.encoder.query_max_length)
     out = []
     for text, (_, vector) in zip(texts, vectors):
         own = set(encoder.model.tokenizer.tokenize(text))
-        out.append({"query": text, "model": manifest.query["name"], "terms": len(vector),
+        out.append({"query": text, "model": manifest.query.name, "terms": len(vector),
                     "expansion_terms": sum(term not in own for term in vector),
                     "top": [(term, impact, term in own) for term, impact in _top(vector, top)]})
     return out
@@ -113,7 +113,7 @@ class CorpusStats:
         frequent = sorted(self.df.items(), key=lambda item: (-item[1], item[0]))[:top]
         return {
             "vectors": str(self.directory), "complete": self.manifest.complete, "documents": self.documents,
-            "model": self.manifest.model["name"], "scale": self.manifest.quantization["scale"],
+            "model": self.manifest.model.name, "scale": self.manifest.quantization.scale,
             "nonzeros_per_doc": summarize(self.nonzeros), "impacts": summarize(self.impacts),
             "truncation": _truncation(self.manifest),
             "vocabulary": {"terms_used": len(self.df), "vocab_size": vocab_size,
@@ -135,7 +135,7 @@ def corpus_stats(directory: Path, progress: bool = False) -> CorpusStats:
 
 def _truncation(manifest: Manifest) -> dict:
     """Documents cut at doc_max_length, as the encoder recorded them shard by shard (manifest format 2)."""
-    return {"doc_max_length": manifest.encoder["doc_max_length"], **manifest.truncation}
+    return {"doc_max_length": manifest.encoder.doc_max_length, **asdict(manifest.truncation)}
 
 
 def _vocab_size(manifest: Manifest) -> int | None:
@@ -143,7 +143,7 @@ def _vocab_size(manifest: Manifest) -> int | None:
     from lsr_index.model.ref import locate
 
     try:
-        config = json.loads((locate(manifest.model["name"]) / "config.json").read_text())
+        config = json.loads((locate(manifest.model.name) / "config.json").read_text())
     except (LsrIndexError, OSError, ValueError):
         return None
     size = config.get("vocab_size")
@@ -181,7 +181,7 @@ def write_png(stats: CorpusStats, path: Path) -> None:
         ax.set_xlabel(what)
         ax.set_ylabel("documents" if counts is stats.nonzeros else "occurrences")
     right.set_yscale("log")
-    fig.suptitle(f"{stats.directory}: {stats.documents:,} documents, {stats.manifest.model['name']}")
+    fig.suptitle(f"{stats.directory}: {stats.documents:,} documents, {stats.manifest.model.name}")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from lsr_index.engines.index import IndexGeneration, index_manifest
+from lsr_index.engines.index import IndexGeneration, index_record
 from lsr_index.engines.lucene.searcher import ImpactSearcher
 from lsr_index.errors import LsrIndexError
 from lsr_index.runs import Run
@@ -18,7 +18,7 @@ from lsr_index.vectors.quantize import Quantization, quantize
 
 def load_query_encoder(index: Path, model: str | None, device: str, backend: str):
     """The encoder and quantization recorded in the manifest of the index published now."""
-    _, manifest = index_manifest(index)
+    manifest = index_record(index).vectors_manifest
     return (*query_encoder(manifest, index, model, device, backend), manifest)
 
 
@@ -31,13 +31,13 @@ def query_encoder(manifest: Manifest, index: Path, model: str | None, device: st
     from lsr_index.model.ref import ModelRef
 
     recorded = manifest.query
-    name = model or recorded["name"]
+    name = model or recorded.name
     ref = ModelRef.resolve(name)
-    if ref.sha256 != recorded["sha256"]:
+    if ref.sha256 != recorded.sha256:
         raise LsrIndexError(f"query model {name!r} (sha256 {ref.sha256[:12]}…) is not the one that encoded "
-                            f"{index}'s queries when it was made (sha256 {recorded['sha256'][:12]}…)")
+                            f"{index}'s queries when it was made (sha256 {recorded.sha256[:12]}…)")
     loaded = load_query_model(ref, device=device, dtype=torch.float32)
-    return encoder_for(loaded, backend), Quantization(scale=manifest.quantization["scale"])
+    return encoder_for(loaded, backend), Quantization(scale=manifest.quantization.scale)
 
 
 def encode_queries(encoder, quantization: Quantization, queries: Sequence[tuple[str, str]], max_length: int,
@@ -87,12 +87,12 @@ def search(index: Path, queries: Sequence[tuple[str, str]], hits: int = 1000, th
     line when queries were cut at the index's query length."""
     note(f"opening {index}…", progress)
     with IndexGeneration(index) as generation:
-        _, manifest = generation.record()
+        manifest = generation.record().vectors_manifest
         searcher = ImpactSearcher(generation)
         try:
             note(f"loading the query model {model or manifest.query['name']}…", progress)
             encoder, quantization = query_encoder(manifest, index, model, device, backend)
-            max_length = manifest.encoder["query_max_length"]
+            max_length = manifest.encoder.query_max_length
             queries, capped = capped_queries(queries, max_length)
             if cut := truncated_queries(encoder, queries, max_length, capped):
                 notice(cut)

@@ -113,7 +113,7 @@ def test_overwrite_refuses_an_index_holding_files_it_did_not_write(made, tmp_pat
     assert _tree(index) == before
     (index / "runs" / "dev.trec").unlink()
     (index / "runs").rmdir()
-    assert build_index(vectors, index, overwrite=True, heap="1g", progress=False)["documents"] == 2
+    assert build_index(vectors, index, overwrite=True, heap="1g", progress=False).documents == 2
 
 
 @pytest.mark.lucene
@@ -126,6 +126,6 @@ def test_build_index_dot_from_inside_the_index_replaces_it(made, tmp_path, monke
     index = tmp_path / "index"
     build_index(vectors, index, heap="1g", progress=False)
     monkeypatch.chdir(index)
-    assert build_index(vectors, Path("."), overwrite=True, heap="1g", progress=False)["documents"] == 2
+    assert build_index(vectors, Path("."), overwrite=True, heap="1g", progress=False).documents == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == [".index.lock", "index"]
     assert not [p.name for p in index.iterdir() if p.name.startswith(".")]

@@ -16,7 +16,7 @@ import pytest
 from terminal import on_terminal
 
 from lsr_index.encode.job import EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.engines.lucene import build
 from lsr_index.errors import LsrIndexError
 from lsr_index.vectors import shards
@@ -80,7 +80,7 @@ def test_direct_index_searches_exactly_like_anserinis(sample_queries, tmp_path, 
     """Top-1000 ids, order and scores of all 60 sample queries; two writers merge into the same results."""
     work, queries, expected = sample_queries
     info = build.build_index(work / fmt, tmp_path / "index", threads=writers, heap="1g", progress=False)
-    assert (info["builder"], info["writers"], info["documents"]) == ("direct", writers, 400)
+    assert (info.builder, info.writers, info.documents) == ("direct", writers, 400)
     assert search(tmp_path / "index", queries) == expected
     assert len(expected) == 60 and sum(len(hits) for hits in expected.values()) > 60 * 300
 
@@ -116,7 +116,7 @@ def test_no_more_writer_processes_than_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(build, "available_cores", lambda: 2)
     write_vectors(tmp_path / "vectors", VOCAB, DOCS, "jsonl")
     info = build.build_index(tmp_path / "vectors", tmp_path / "index", threads=len(DOCS), progress=False)
-    assert (info["writers"], info["threads"], info["documents"]) == (2, len(DOCS), len(DOCS))
+    assert (info.writers, info.threads, info.documents) == (2, len(DOCS), len(DOCS))
 
 
 def test_free_delimiter_avoids_every_character_the_terms_use():
@@ -142,7 +142,7 @@ def test_empty_vectors_are_indexed_by_direct_and_named_by_anserini(tmp_path):
     error names that document instead of only the counts."""
     write_vectors(tmp_path / "vectors", ["a", "b"], [("d0", {0: 2}), ("empty", {}), ("d2", {1: 3})], "jsonl.gz")
     info = build.build_index(tmp_path / "vectors", tmp_path / "direct", progress=False)
-    assert info["documents"] == 3
+    assert info.documents == 3
     assert search(tmp_path / "direct", [("q", {"a": 1, "b": 1})])["q"] == [("d2", 3.0), ("d0", 2.0)]
     with pytest.raises(LsrIndexError, match=r"holds 2 documents but the manifest lists 3; not publishing it: "
                                             r"document 'empty' in .*part-00000.jsonl.gz has an empty vector, "
@@ -150,7 +150,7 @@ def test_empty_vectors_are_indexed_by_direct_and_named_by_anserini(tmp_path):
         build.build_index(tmp_path / "vectors", tmp_path / "anserini", builder="anserini", progress=False)
 
 
-# --- --overwrite replaces only what the build owns (issue 12, class 1) -------------------------------
+# --- --overwrite replaces only what the build owns -----------------------------------------------
 
 def _build_cli(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*LSR, "-w", str(workdir), "build", *args], capture_output=True, text=True, timeout=300)
@@ -192,7 +192,7 @@ def test_overwrite_replaces_only_an_index_or_an_empty_directory(tmp_path):
     assert (mine / "notes.txt").read_text() == "keep" and _tree(target) == ["lsr-index.json"]
     (tmp_path / "empty").mkdir()
     for index in (tmp_path / "empty", tmp_path / "empty"):  # an empty directory, then the index built there
-        assert build.build_index(vectors, index, overwrite=True, progress=False)["documents"] == 2
+        assert build.build_index(vectors, index, overwrite=True, progress=False).documents == 2
 
 
 def test_a_replaced_index_held_by_a_search_is_retired_then_removed(tmp_path):

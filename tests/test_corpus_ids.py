@@ -1,4 +1,4 @@
-"""Document ids the output formats cannot hold are refused at the reader (issue 12, class 3): run and qrels
+"""Document ids the output formats cannot hold are refused at the reader: run and qrels
 files are whitespace-separated, and Lucene cannot index a term over 32,766 UTF-8 bytes."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Which files a corpus source names: every file in a directory or matched by a pattern is read or refused
-by name (issue 12, class 5), with the one documented exception of names starting with "." or "_"."""
+by name, with the one documented exception of names starting with "." or "_"."""
 
 from __future__ import annotations
 

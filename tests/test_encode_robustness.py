@@ -13,6 +13,7 @@ import textwrap
 import threading
 import time
 import zlib
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -21,7 +22,7 @@ from procs import alive
 
 from lsr_index.encode import plan as encode_module
 from lsr_index.encode.job import EncodeJob, EncodeOptions, input_digest
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader
 from lsr_index.vectors.manifest import Manifest
@@ -274,7 +275,7 @@ def test_fixing_a_bad_record_keeps_the_shards_before_it_and_a_changed_one_is_ree
     done = encode(corpus, tmp_path / "v", max_tokens=4096)
     assert done.complete and done.docs == 400
     # shard 0 (documents 0..63) changed and is encoded again, shards 1..3 are kept, 4..6 are new
-    assert done.stats["stale_parts_reencoded"] == 1 and done.stats["docs_this_run"] == 64 + 144
+    assert done.stats.stale_parts_reencoded == 1 and done.stats.docs_this_run == 64 + 144
     reader = CorpusReader([str(corpus)], batch_size=1000, max_chars=32 * 100)
     batch = next(iter(reader))
     ids, texts = batch.column("id").to_pylist(), batch.column("text").to_pylist()
@@ -302,7 +303,7 @@ def test_a_recorded_shard_lost_or_damaged_since_is_encoded_again(tmp_path):
     damaged.write_bytes(damaged.read_bytes()[:-10])
     corpus.write_text("\n".join(lines) + "\n")
     done = encode(corpus, tmp_path / "v", max_tokens=4096)
-    assert done.complete and done.stats["stale_parts_reencoded"] == 2 and done.stats["docs_this_run"] == 400 - 128
+    assert done.complete and done.stats.stale_parts_reencoded == 2 and done.stats.docs_this_run == 400 - 128
     reference = tmp_path / "whole.jsonl"
     reference.write_text("\n".join(lines) + "\n")
     whole = encode(reference, tmp_path / "w", max_tokens=4096)
@@ -326,8 +327,8 @@ def test_a_damaged_checkpoint_is_encoded_again_from_where_it_starts(tmp_path):
     corpus.write_text("\n".join(lines) + "\n")
     done = encode(corpus, tmp_path / "v", max_tokens=4096, shard_docs=1000, checkpoint_seconds=0,
                   output_format="jsonl.gz")
-    assert done.complete and done.stats["resumed_at"] == chunks[0].docs
-    assert done.stats["stale_parts_reencoded"] == len(chunks) - 1
+    assert done.complete and done.stats.resumed_at == sum(c.docs for c in chunks) - chunks[1].docs
+    assert done.stats.stale_parts_reencoded == 1  # the chunks after it are independent of it: kept
     encode(corpus, tmp_path / "w", max_tokens=4096, shard_docs=1000, output_format="jsonl.gz")
     assert vectors_of(tmp_path / "v") == vectors_of(tmp_path / "w")
 
@@ -342,11 +343,11 @@ def test_a_run_stopped_at_a_bad_record_resumes_under_on_error_skip(tmp_path):
     job = EncodeJob(inputs=(str(corpus),), on_error="skip", options=EncodeOptions(
         doc_max_length=32, shard_docs=64, progress=False, output_format="jsonl", max_tokens=4096))
     done = encode_corpus(job, tmp_path / "v")
-    assert done.complete and done.stats["resumed_at"] == 256 and done.docs == 399 and done.skipped == 1
-    assert done.input["on_error"] == "skip"
+    assert done.complete and done.stats.resumed_at == 256 and done.docs == 399 and done.skipped == 1
+    assert done.input.on_error == "skip"
 
 
-# --- issue 18: truncation reported; text past what the tokenizer keeps is not held whole ---------------
+# --- truncation reported; text past what the tokenizer keeps is not held whole ---------------
 
 def test_truncated_documents_are_counted_and_the_longest_measured(tmp_path, splade_tiny):
     records = [json.loads(line) for line in sample_lines(40)]
@@ -356,18 +357,17 @@ def test_truncated_documents_are_counted_and_the_longest_measured(tmp_path, spla
     manifest = encode(corpus, tmp_path / "v", doc_max_length=64, shard_docs=16)
     tokenizer = splade_tiny.tokenizer
     lengths = [len(tokenizer(r["text"][:64 * 100])["input_ids"]) for r in records]
-    assert manifest.truncation == {"documents": sum(n > 64 for n in lengths),
-                                   "share": round(sum(n > 64 for n in lengths) / len(records), 6),
-                                   "longest_tokens": max(lengths), "cut_at_characters": 1}
-    assert json.loads((tmp_path / "v" / "manifest.json").read_text())["truncation"] == manifest.truncation
+    assert asdict(manifest.truncation) == {"documents": sum(n > 64 for n in lengths),
+                                           "share": round(sum(n > 64 for n in lengths) / len(records), 6),
+                                           "longest_tokens": max(lengths), "cut_at_characters": 1}
+    assert json.loads((tmp_path / "v" / "manifest.json").read_text())["truncation"] == asdict(manifest.truncation)
 
 
-# --- issue 18: a checkpoint inside a shard; a kill loses at most the piece in progress ------------------
+# --- a checkpoint inside a shard; a kill loses at most the piece in progress ------------------
 
 def encode_checkpointed(corpus: Path, out: Path, fmt: str, checkpoint: float) -> Manifest:
     """The kill test's runs, in this process or in DRIVER's: one shard (the default shard_docs) in pieces of up to
-    256 documents (the first ones cut finer: feed._Ramp), checkpointed at the first piece end past
-    `checkpoint` seconds."""
+    256 documents, checkpointed at the first piece end past `checkpoint` seconds."""
     return encode(corpus, out, output_format=fmt, checkpoint_seconds=checkpoint, max_tokens=4096,
                   shard_docs=EncodeOptions().shard_docs)
 
@@ -415,7 +415,7 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     checkpointed = sum(c.docs for c in at_kill.chunks)
     assert not at_kill.shards and len(at_kill.chunks) >= 2 and checkpointed >= 80
     resumed = encode_checkpointed(corpus, out, fmt, 0.0)  # the rerun, in this process
-    assert (resumed.stats["docs_this_run"], resumed.stats["resumed_at"]) == (total - checkpointed, checkpointed)
+    assert (resumed.stats.docs_this_run, resumed.stats.resumed_at) == (total - checkpointed, checkpointed)
     assert [(s.docs, s.nonzeros, s.input) for s in resumed.shards] == \
         [(s.docs, s.nonzeros, s.input) for s in reference.shards]
     assert vectors_of(out) == vectors_of(tmp_path / "whole")
@@ -430,8 +430,9 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
     import numpy as np
     import pyarrow as pa
 
-    from lsr_index.encode.job import Assignment, Piece, PieceStats
-    from lsr_index.encode.sink import ShardSink
+    from lsr_index.encode.job import Piece, PieceStats
+    from lsr_index.encode.plan import publish_shard
+    from lsr_index.encode.sink import ChunkSink
     from lsr_index.vectors import shards
     from lsr_index.vectors.quantize import SparseVectors
     from lsr_index.vectors.serializers import SerializerPool
@@ -454,23 +455,23 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
         (out / "shards").mkdir(parents=True)
         published = []
         job = EncodeJob(inputs=("unused",), options=EncodeOptions(shard_docs=20, output_format="jsonl.gz"))
-        sink = ShardSink(out, job, vocab, published.append, pool if serializers else None, serializers,
-                          Assignment())
+        sink = ChunkSink(out, job, vocab, published.append, pool if serializers else None, serializers)
         start = 0
-        for i, (ids, vectors) in enumerate(chunks):
+        for ids, vectors in chunks:
             rows = pa.record_batch([pa.array(ids)], names=["id"])
-            sink.put(Piece(0, start, rows, last=i == len(chunks) - 1), ids, vectors, PieceStats())
+            sink.put(Piece(0, start, rows), ids, vectors, PieceStats())
             start += len(ids)
         sink.close()
         assert [s.docs for s in published] == [20]
-        shas.append(published[0].sha256)
-        data, members = (out / published[0].file).read_bytes(), 0
+        shard = publish_shard(out, 0, published, "jsonl.gz", 0)  # one chunk: it becomes the shard
+        shas.append(shard.sha256)
+        data, members = (out / shard.file).read_bytes(), 0
         while data:
             inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
             inflate.decompress(data)
             data, members = inflate.unused_data, members + 1
         assert members == 6
-        assert [doc for doc, _ in read_shard(out / published[0].file)] == [d for ids, _ in chunks for d in ids]
+        assert [doc for doc, _ in read_shard(out / shard.file)] == [d for ids, _ in chunks for d in ids]
     pool.close()
     assert shas[0] == shas[1] == shas[2]
 
@@ -492,8 +493,8 @@ from pathlib import Path
 encode(Path({str(corpus)!r}), Path({str(tmp_path / "first")!r}), doc_max_length=128, shard_docs=128)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 manifest = encode(Path({str(corpus)!r}), Path({str(tmp_path / "second")!r}), doc_max_length=128, shard_docs=128)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, manifest.stats["tokens_per_second"]
-      * manifest.stats["seconds"])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, manifest.stats.tokens_per_second
+      * manifest.stats.seconds)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -654,7 +655,7 @@ def test_sigterm_saves_what_is_recorded_says_so_and_the_rerun_continues(tmp_path
     assert listed and listed <= on_disk  # what was recorded was saved (a chunk still being written may follow)
     resumed = run_cli("--quiet", *args)
     assert resumed.returncode == 0, resumed.stderr
-    assert Manifest.load(out).stats["resumed_at"] == sum(c.docs for c in at_stop.chunks)
+    assert Manifest.load(out).stats.resumed_at == sum(c.docs for c in at_stop.chunks)
 
 
 @pytest.mark.slow

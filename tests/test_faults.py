@@ -26,7 +26,7 @@ from cli_runner import run_cli
 from procs import alive, children, wait_dead
 
 from lsr_index.encode.job import EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock
 from lsr_index.vectors import shards
@@ -195,7 +195,7 @@ def test_build_killed_midway_publishes_nothing_and_a_rerun_succeeds(splade_tiny,
                            "--builder", "anserini"], capture_output=True, text=True, env=ENV, timeout=300)
     assert done.returncode == 0, done.stderr
     info = json.loads((index / "lsr-index.json").read_text())
-    assert info["documents"] == manifest.docs == 40_000
+    assert info.documents == manifest.docs == 40_000
     assert leftovers(tmp_path) == [] and (vectors / MANIFEST).read_bytes() == before
 
 
@@ -283,7 +283,7 @@ def test_disk_full_through_the_cli_is_one_clear_line(splade_tiny, ramp, tmp_path
     verify_shards(out, kept)
     assert leftovers(out) == []
     resumed = encode(ramp, out)  # the same settings as the command: it resumes (equality: the test above)
-    assert resumed.stats["resumed_at"] == kept.docs and resumed.docs == 120 and len(vectors_of(out)) == 120
+    assert resumed.stats.resumed_at == kept.docs and resumed.docs == 120 and len(vectors_of(out)) == 120
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz"])
@@ -431,7 +431,7 @@ def test_a_malformed_manifest_is_one_line_through_the_cli(tmp_path):
 
 
 def test_search_refuses_a_damaged_index_record(tmp_path):
-    from lsr_index.engines.index import index_manifest
+    from lsr_index.engines.index import index_record
 
     index = tmp_path / "index"
     index.mkdir()
@@ -444,7 +444,7 @@ def test_search_refuses_a_damaged_index_record(tmp_path):
                            '"quantization": {"scale": 100}, "input": {}}}', "not a relative path inside")]:
         (index / "lsr-index.json").write_text(text)
         with pytest.raises(LsrIndexError, match=message):
-            index_manifest(index)
+            index_record(index)
 
 
 def test_publishing_over_an_old_index_swaps_in_one_step(tmp_path):

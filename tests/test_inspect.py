@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from lsr_index.cli import main
 from lsr_index.encode.job import EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.shards import read_shard
 

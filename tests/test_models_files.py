@@ -45,7 +45,7 @@ def test_an_encode_identifies_its_model_once_and_hands_the_reference_on(tiny_cop
     """Resolved and hashed once per run (each identity file read once), then handed to the plan, the manifest and the
     encoder: no stage resolves the name again."""
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
     from lsr_index.model import files, ref
 
     reads, located = [], []
@@ -58,7 +58,7 @@ def test_an_encode_identifies_its_model_once_and_hands_the_reference_on(tiny_cop
     manifest = encode_corpus(job, tmp_path / "vectors")
     assert located == [str(tiny_copy)]
     assert sorted(reads) == sorted(identity_files(tiny_copy))
-    assert manifest.model["sha256"] == job.model.sha256 == manifest.query_model["sha256"]
+    assert manifest.model.sha256 == job.model.sha256 == manifest.query_model.sha256
 
 
 def test_a_same_size_edit_with_its_time_set_back_changes_the_identity(tiny_copy):

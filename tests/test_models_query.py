@@ -21,6 +21,7 @@ from lsr_index.model.query import (
     vocab_sha256,
 )
 from lsr_index.model.ref import ModelRef
+from lsr_index.vectors.manifest import QueryModelRecord
 
 
 def _by_hand(tokenizer, weights: dict[str, float], text: str) -> dict[str, float]:
@@ -110,15 +111,15 @@ def _record(model, query_model=None, query_max_length=16) -> dict:
 def test_the_record_names_the_query_route_of_each_layout(tmp_path):
     plain, _, _ = save_masked_lm("bert", tmp_path / "plain", pickled=False)
     record = _record(plain)
-    assert record == {"name": str(plain.resolve()), "sha256": identity(plain)[0], "kind": "splade",
-                      "vocab_sha256": vocab_sha256(load_model(str(plain)).vocab)}
+    assert record == QueryModelRecord(str(plain.resolve()), identity(plain)[0], "splade",
+                                      vocab_sha256(load_model(str(plain)).vocab))
     (plain / "idf.json").write_text(json.dumps({"protein": 2.0}))
     table = _record(plain)
-    assert table["kind"] == "token_weights" and table["sha256"] == identity(plain)[0] != record["sha256"]
-    assert table["vocab_sha256"] == record["vocab_sha256"]
+    assert table.kind == "token_weights" and table.sha256 == identity(plain)[0] != record.sha256
+    assert table.vocab_sha256 == record.vocab_sha256
     separate, _, _ = save_masked_lm("bert", tmp_path / "separate", pickled=True, seed=5)
     chosen = _record(plain, separate)
-    assert chosen["name"] == str(separate.resolve()) and chosen["kind"] == "splade"
+    assert chosen.name == str(separate.resolve()) and chosen.kind == "splade"
     with pytest.raises(LsrIndexError, match=r"query model .* takes at most 66 tokens; lower --query-max-length"):
         _record(plain, separate, query_max_length=100)
 

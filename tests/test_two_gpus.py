@@ -15,7 +15,7 @@ from test_encoder_gpu import assert_same_shards
 
 import sparton
 from lsr_index.encode.job import EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.model.encoder import SpladeEncoder
 from lsr_index.model.load import load_model
 from lsr_index.vectors.manifest import Manifest
@@ -71,10 +71,10 @@ def test_two_workers_on_two_gpus_write_what_one_writes(tmp_path):
     """Started afresh: this process has used CUDA, so its workers cannot be its forks."""
     one = encode_corpus(JOB, tmp_path / "one", ("cuda:0",))
     two = encode_corpus(JOB, tmp_path / "two", ("cuda:0", "cuda:1"))
-    assert [(w["device"], w["started"]) for w in two.stats["per_worker"]] == \
+    assert [(w.device, w.started) for w in two.stats.per_worker] == \
         [("cuda:0", "new interpreter"), ("cuda:1", "new interpreter")]
     # whole shards of 150, 150 and 100 to whichever worker claims each first
-    assert sorted(w["docs"] for w in two.stats["per_worker"]) in ([0, 400], [100, 300], [150, 250])
+    assert sorted(w.docs for w in two.stats.per_worker) in ([0, 400], [100, 300], [150, 250])
     assert_same_shards(tmp_path / "one", one, tmp_path / "two", two)
 
 
@@ -82,10 +82,10 @@ FRESH = textwrap.dedent("""
     import sys
     from pathlib import Path
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
     options = EncodeOptions(shard_docs=150, output_format="jsonl", progress=False)
     manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cuda:0", "cuda:1"))
-    print(*[w["started"] for w in manifest.stats["per_worker"]])
+    print(*[w.started for w in manifest.stats.per_worker])
 """)
 
 

@@ -1,9 +1,9 @@
-"""The one encode task: "encode the shards assigned to me of this job" (ShardEncoder.run), run in-process, in a local
-worker process, or by a cluster's actor (which loads the model once and runs the task once per shard). It encodes
-the pieces of its shards that are not checkpointed yet, and reports each checkpoint (a Chunk) and each finished
-shard (a Shard) through `emit`; it never touches the manifest.
+"""The one encode task: "encode the units I claim of this job" (ShardEncoder.run), run in-process, in a local worker
+process, or by a cluster's actor (which loads the model once and runs the task once per shard, on pieces its driver
+read). It encodes the pieces not encoded yet and reports each chunk it writes through `emit`; it never touches the
+manifest.
 
-Within a task, reading+tokenizing (input.py), the model, and serializing+writing (sink.py) run side by side: in
+Within a task, reading+tokenizing (feed.py), the model, and serializing+writing (sink.py) run side by side: in
 threads, or beside a GPU with reading and tokenizing in a process of their own and serializing in a pool of
 processes (vectors.serializers).
 """
@@ -16,25 +16,27 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from lsr_index.encode.feed import (
+    Feed,
     InputProcess,
     input_child,
     reads_in_a_process,
     serialized_tokenizer,
-    skipped_records,
+    tokenize_pieces,
     tokenized_pieces,
 )
-from lsr_index.encode.job import Assignment, EncodeJob, Piece, PieceStats, pieces
-from lsr_index.encode.sink import ShardSink
+from lsr_index.encode.job import Assignment, EncodeJob, Piece, PieceStats
+from lsr_index.encode.sink import ChunkSink
+from lsr_index.encode.units import RemoteUnits, Units
 from lsr_index.model.tokens import TextTokenizer, Tokens
 from lsr_index.runtime.threads import Prefetch
-from lsr_index.vectors.manifest import Part
+from lsr_index.vectors.manifest import Chunk
 from lsr_index.vectors.quantize import SparseVectors, quantize
 from lsr_index.vectors.serializers import SerializerPool
 from lsr_index.vectors.shards import check_vocab
@@ -42,9 +44,7 @@ from lsr_index.vectors.shards import check_vocab
 
 @dataclass
 class WorkerResult:
-    total_docs: int  # documents in the whole stream
     tokens: int
-    skipped: list = field(default_factory=list)
     worker: int = 0
     device: str = "cpu"
     docs: int = 0  # documents this worker encoded
@@ -145,51 +145,44 @@ class ShardEncoder:
         if loading := getattr(self, "_encoder", None):
             wait([loading])
 
-    def run(self, out: Path, assignment: Assignment, emit: Callable[[Part], None],
-            progress: Callable[[int, int], None], source: Iterable[Piece] | None = None) -> WorkerResult:
-        """Encode the shards of `assignment` into `out`; `emit` receives each checkpoint and each finished shard, in
-        order. Without `source` the task reads the whole stream itself (to number documents, skipping the pieces of
-        other shards); with one (pieces a driver read, all of them to encode) it reads nothing, and the stream's
-        total and skipped records are the driver's to report."""
+    def run(self, out: Path, assignment: Assignment, units: Units | RemoteUnits | None, emit: Callable[[Chunk], None],
+            progress: Callable[[int, int], None], source: Iterable[Feed] | None = None, worker: int = 0
+            ) -> WorkerResult:
+        """Encode the units this task claims from `units` into `out`, leaving out what `assignment` has encoded
+        already; `emit` receives each chunk written. With `source` instead (pieces a driver read and numbered, with
+        their ids and texts), it reads nothing."""
         job, options = self.job, self.job.options
         ready_at = 0.0
         # a tokenizer that cannot be serialized (a custom Python pre-tokenizer) keeps to threads
         in_a_process = source is None and reads_in_a_process(self.device)
         tokenizer_json = serialized_tokenizer(self.tokenizer) if in_a_process else None
         child = tokenizer_json is not None
-        reader = job.reader() if source is None and not child else None
-
-        pending: dict[int, tuple[Piece, list[str] | None, Tokens | None, PieceStats, list]] = {}  # read, not yet sunk
-        sink: ShardSink | None = None
+        sink: ChunkSink | None = None
         spare, self.input_child = self.input_child, None  # a cluster's actor runs again: a new one then
         if spare and not child:
             spare.close()
         # reading and tokenizing begin now, while the model loads. In threads, one piece is read beside the load, no
-        # more: the load is Python work too, and reading further ahead took the GIL from it (BERT-base ready at
-        # 1.1-1.4 s instead of 0.4-0.6 s on an H200)
-        stream = InputProcess(job, assignment, tokenizer_json, spare) if child else Prefetch(tokenized_pieces(
-            job, assignment, pieces(reader, options.shard_docs) if source is None else source, self.tokenizer,
-            after_each=lambda: wait([self._encoder])), name="tokenize")
+        # more: the load is Python work too, and reading further ahead took the GIL from it
+        if child:
+            stream = InputProcess(job, assignment, units, tokenizer_json, spare)
+        elif source is not None:
+            stream = Prefetch(tokenize_pieces(source, self.tokenizer, options.doc_max_length), name="tokenize")
+        else:
+            stream = Prefetch(tokenized_pieces(job, assignment, units, self.tokenizer,
+                                               after_each=lambda: wait([self._encoder])), name="tokenize")
+        pending: dict[int, tuple[Piece, list[str], Tokens, PieceStats, list]] = {}
 
         def to_encode() -> Iterator[tuple[int, Tokens]]:
-            """The pieces with documents to encode, numbered; all pieces wait in `pending` for their turn."""
             nonlocal ready_at
             for n, (piece, ids, tokens, stats) in enumerate(stream):
                 ready_at = ready_at or time.time()
                 pending[n] = (piece, ids, tokens, stats, [])
-                if ids is not None:
-                    yield n, tokens
-
-        def sink_until(n: int | None) -> None:
-            """Hand the sink the pieces before n (None: all) that had nothing to encode (checkpointed earlier)."""
-            for k in sorted(k for k in pending if n is None or k < n):
-                piece, *_ = pending.pop(k)
-                sink.put(piece, None, None, PieceStats())
+                yield n, tokens
 
         try:
             encoder = self.encoder
             docs0, tokens0 = encoder.n_docs, encoder.n_tokens
-            sink = ShardSink(out, job, self.vocab, emit, self.pool, self.serializers, assignment)
+            sink = ChunkSink(out, job, self.vocab, emit, self.pool, self.serializers)
             quantizer = partial(quantize, q=options.quantization)
             for n, positions, part in encoder.encode_stream(to_encode(), quantizer):
                 piece, ids, tokens, stats, parts = pending[n]
@@ -197,10 +190,8 @@ class ShardEncoder:
                     parts.append((positions, part))
                     progress(len(positions), int(tokens.lengths[positions].sum()))
                     continue
-                sink_until(n)
                 del pending[n]
                 sink.put(piece, ids, SparseVectors.stack(parts, len(ids)), stats)
-            sink_until(None)
         except BaseException:
             stream.close()
             if sink is not None:
@@ -208,12 +199,9 @@ class ShardEncoder:
             raise
         stream.close()
         sink.close()
-        total, skipped = (stream.total_docs, stream.skipped) if child else \
-            (reader.n_docs, skipped_records(reader)) if reader else (0, [])
-        return WorkerResult(total_docs=total, tokens=encoder.n_tokens - tokens0, skipped=skipped,
-                            worker=assignment.worker, device=self.device, docs=encoder.n_docs - docs0,
-                            loaded_at=self.loaded_at, ready_at=ready_at or time.time(), done_at=time.time(),
-                            cores=self.cores, serializers=self.serializers)
+        return WorkerResult(tokens=encoder.n_tokens - tokens0, worker=worker, device=self.device,
+                            docs=encoder.n_docs - docs0, loaded_at=self.loaded_at, ready_at=ready_at or time.time(),
+                            done_at=time.time(), cores=self.cores, serializers=self.serializers)
 
 
 def _expandable_cuda_memory() -> None:

@@ -21,6 +21,7 @@ from lsr_index.model.encoder import SpladeEncoder
 from lsr_index.model.load import SpladeModel, load_model
 from lsr_index.model.ref import ModelRef, read_tokenizer
 from lsr_index.model.tokens import tokenizer_terms
+from lsr_index.vectors.manifest import QueryModelRecord
 
 QUERY_TABLES = ("query_token_weights.txt", "idf.json")  # opensearch's two spellings of the same table
 
@@ -118,7 +119,7 @@ def vocab_sha256(vocab: list[str]) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
-def query_model_record(query: ModelRef, documents: ModelRef, query_max_length: int) -> dict:
+def query_model_record(query: ModelRef, documents: ModelRef, query_max_length: int) -> QueryModelRecord:
     """The manifest's query_model: what `search` loads to encode queries (`query`: the document model itself unless a
     separate query model is given), its checksum, kind and vocabulary's checksum. A query model whose vocabulary
     differs from the document model's is refused: its term ids would name other terms than the index holds."""
@@ -133,8 +134,7 @@ def query_model_record(query: ModelRef, documents: ModelRef, query_max_length: i
         raise LsrIndexError(f"query model {query.name}: its vocabulary ({len(vocab):,} terms) differs from the "
                             f"document model's ({len(doc_vocab):,} terms, {documents.name}): its queries' terms would "
                             "not be the index's; a query model must share the document model's tokenizer")
-    return {"name": query.recorded_name, "sha256": query.sha256, "kind": route.kind,
-            "vocab_sha256": vocab_sha256(vocab)}
+    return QueryModelRecord(query.recorded_name, query.sha256, route.kind, vocab_sha256(vocab))
 
 
 def encoder_for(model: SpladeModel | TokenWeights, backend: str = "auto") -> SpladeEncoder | TokenWeightEncoder:

@@ -31,8 +31,8 @@ import pyarrow.parquet as pq
 from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.durable import create_new, fsync_directory, os_cause, sha256_file
 from lsr_index.settings import FORMATS
-from lsr_index.vectors.manifest import MANIFEST, Manifest, Shard
-from lsr_index.vectors.quantize import SparseVectors
+from lsr_index.vectors.manifest import MANIFEST, EncoderSettings, InputRecord, Manifest, ModelRecord, Shard
+from lsr_index.vectors.quantize import Quantization, SparseVectors
 
 SHARDS = "shards"
 _ATTEMPT = ".attempt-"
@@ -306,9 +306,10 @@ def write_vectors(out: Path, vocab: Sequence[str], shards: Iterable[Iterable[tup
     names, checksums and manifest that `encode` writes, one shard per item of `shards` (its (ids, vectors)
     batches in order). `encoder` overrides the recorded settings; the model is recorded as given, unchecked."""
     terms = np.array(vocab, dtype=object)
-    encoder = {"doc_max_length": 256, "query_max_length": 64, "dtype": "float32", "backend": "auto", **(encoder or {})}
-    manifest = Manifest(model=model or {"name": "synthetic", "sha256": "0" * 64}, encoder=encoder,
-                        quantization={"scale": scale, "top_k": None, "min_weight": 0.0}, input={}, output_format=fmt)
+    settings = {"doc_max_length": 256, "query_max_length": 64, "dtype": "float32", "backend": "auto", **(encoder or {})}
+    manifest = Manifest(model=ModelRecord(**(model or {"name": "synthetic", "sha256": "0" * 64})),
+                        encoder=EncoderSettings(**settings), quantization=Quantization(scale=scale),
+                        input=InputRecord(), output_format=fmt)
     (out / SHARDS).mkdir(parents=True, exist_ok=True)
     start = 0
     for k, batches in enumerate(shards):

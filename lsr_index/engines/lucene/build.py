@@ -12,7 +12,6 @@ import contextlib
 import errno
 import fcntl
 import glob
-import json
 import os
 import pickle
 import queue
@@ -25,7 +24,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from lsr_index.engines.index import INDEX_MANIFEST
+from lsr_index.engines.index import INDEX_MANIFEST, IndexRecord
 from lsr_index.engines.lucene.checks import check_index, count_docs
 from lsr_index.engines.lucene.jvm import anserini_jar, java_home
 from lsr_index.engines.lucene.writer import MERGE, heap_mb
@@ -33,7 +32,7 @@ from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.children import PythonChild, dying_with_this_process, relay
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
 from lsr_index.runtime.progress import bar, note
-from lsr_index.vectors.manifest import MANIFEST, Manifest
+from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.shards import json_vector_line, read_shard, split_ranges, verify_shards
 
 BUILDERS = ("direct", "anserini")
@@ -185,7 +184,7 @@ def _check_target(vectors: Path, index: Path, overwrite: bool) -> None:
 
 
 def build_index(vectors: Path, index: Path, threads: int | None = None, heap: str = "4g",
-                overwrite: bool = False, progress: bool = True, builder: str = "direct") -> dict:
+                overwrite: bool = False, progress: bool = True, builder: str = "direct") -> IndexRecord:
     """Index the shards listed in `vectors`' manifest into `index`, published only when complete and verified.
 
     The work happens in `.INDEX.building-PID` next to the index, under a lock (a second build of the same
@@ -226,7 +225,7 @@ def build_index(vectors: Path, index: Path, threads: int | None = None, heap: st
 
 
 def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: str, threads: int | None,
-           heap: str, progress: bool) -> dict:
+           heap: str, progress: bool) -> IndexRecord:
     built = work / "index"
     t0 = time.perf_counter()
     if builder == "direct":
@@ -241,13 +240,11 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
         raise LsrIndexError(f"the index holds {docs} documents but the manifest lists {manifest.docs}; "
                             "not publishing it" + (_skipped_by_anserini(vectors, manifest) if builder == "anserini"
                                                    else ""))
-    info = {"kind": "lsr-index/index", "documents": docs, "build_seconds": round(seconds, 2), "builder": builder,
-            "threads": threads, "writers": writers, "heap": heap,  # threads: as asked (None: the default)
-            "vectors": str(vectors.resolve()),
-            "vectors_manifest": json.loads((vectors / MANIFEST).read_text())}
-    atomic_write_bytes(built / INDEX_MANIFEST, json.dumps(info, indent=2).encode() + b"\n")
+    record = IndexRecord(documents=docs, build_seconds=round(seconds, 2), builder=builder, threads=threads,
+                         writers=writers, heap=heap, vectors=str(vectors.resolve()), vectors_manifest=manifest)
+    atomic_write_bytes(built / INDEX_MANIFEST, record.to_json())
     _publish(built, index, work)
-    return info
+    return record
 
 
 def _skipped_by_anserini(vectors: Path, manifest: Manifest) -> str:
