@@ -160,6 +160,6 @@ def test_the_separator_is_a_space_only_for_documents_whose_terms_hold_none(tmp_p
                   "jsonl")
     shard = tmp_path / "vectors" / "shards" / "part-00000.jsonl"
     plain, spaced = read_joined(ShardRange(str(shard), 0, 2, 2))
-    assert plain == ("plain", f"a\x011{SEPARATOR}d\x012", FORM)
+    assert plain == ("plain", f"a\x011{SEPARATOR}d\x012", FORM, 2)
     separator, delimiter = spaced[2]
-    assert separator not in "ab cd" and spaced[1] == f"a{delimiter}1{separator}b c{delimiter}3"
+    assert separator not in "ab cd" and spaced[1] == f"a{delimiter}1{separator}b c{delimiter}3" and spaced[3] == 2

@@ -402,7 +402,7 @@ def split_ranges(vectors: Path, shards: Sequence[Shard], writers: int) -> list[l
     return [plan for plan in plans if plan]
 
 
-Doc = tuple[str, str, str]  # id, joined text, form (separator + delimiter)
+Doc = tuple[str, str, str, int]  # id, joined text, form (separator + delimiter), terms with an impact > 0
 
 
 def record_place(path: str, number: int) -> str:
@@ -478,9 +478,9 @@ def _checked(vector: dict, where: str, doc_id: str, line_bytes: int) -> dict:
 def _general_doc(vector: dict, doc_id: str) -> Doc:
     text, count = _joined(vector)
     if text.count(DELIMITER) == count and text.count(SEPARATOR) == max(count - 1, 0):
-        return doc_id, text, FORM
+        return doc_id, text, FORM, count
     form = free_form(vector)  # a term holds the separator or the delimiter
-    return doc_id, _joined(vector, form)[0], form
+    return doc_id, _joined(vector, form)[0], form, count
 
 
 _HEAD, _VECTOR = b'{"id":"', b'","contents":"","vector":{'
@@ -488,16 +488,17 @@ _DELIMITER_BYTES = DELIMITER.encode()
 _TO_TEXT = bytes.maketrans(b":,", _DELIMITER_BYTES + SEPARATOR.encode())
 
 
-def _fast_doc(line: bytes) -> tuple[str, str] | None:
-    """(id, delimited text) cut straight out of a line as `shards.json_vector_line` writes it, or None.
+def _fast_doc(line: bytes) -> tuple[str, str, int] | None:
+    """(id, delimited text, term count) cut straight out of a line as `shards.json_vector_line` writes it, or None.
 
     Such a line is `{"id":"…","contents":"","vector":{"t":w,"t":w…}}`. Without a backslash no term holds a
-    quote (JSON escapes it), so the vector's quotes are the terms' own: the pieces between them alternate between
-    a term and its `:w,`. When the line also holds exactly k colons and k - 1 commas for k terms, those are the
-    structure's and no term holds one: deleting the quotes and mapping `:` to the delimiter and `,` to the
-    separator is then the text, in one pass. Anything else (such terms, a term with the separator or the
-    delimiter, a term given twice, an empty or too long one, an impact ≤ 0, JSON spaced otherwise) takes the
-    general path, which reads it exactly or refuses it.
+    quote (JSON escapes it), so the vector's quotes are the terms' own: 2k - 1 after the first for k terms.
+    When it also holds exactly k colons and k - 1 commas, those are the structure's and no term holds one:
+    deleting the quotes and mapping `:` to the delimiter and `,` to the separator is then the text, in one pass.
+    Anything else (such terms, a term with the separator or the delimiter, an empty or too long term, an impact
+    ≤ 0, JSON spaced otherwise) takes the general path, which reads it exactly or refuses it. A term given twice
+    is not looked for here (a set of the terms would cost a third of the pass): the builder compares the index's
+    postings with the sum of the term counts, and looks for the record only when they differ.
     """
     end = line.rfind(b"}}")
     if not line.startswith(_HEAD) or b"\\" in line or end < 0 or line[end + 2:].strip():
@@ -506,15 +507,14 @@ def _fast_doc(line: bytes) -> tuple[str, str] | None:
     body = line[at + len(_VECTOR) + 1:end]  # after the first term's opening quote
     if at < 0 or not body:
         return None
-    names = body.split(b'"')[::2]
-    terms = len(names)
+    terms = (body.count(b'"') + 1) // 2
     if (body.count(b":") != terms or body.count(b",") != terms - 1 or b":0" in body
             or (b"-" in body and b":-" in body) or _DELIMITER_BYTES in body  # "-" first: a fast one-byte scan
             or b" " in body or b"\t" in body or b"\r" in body  # JSON spaced otherwise than the writer does
-            or len(unique := set(names)) != terms or b"" in unique  # a term twice; an empty one
-            or (end > MAX_TERM_BYTES and max(map(len, names)) > MAX_TERM_BYTES)):
+            or body.startswith(b'":') or b',"":' in body  # an empty term
+            or (end > MAX_TERM_BYTES and max(map(len, body.split(b'"')[::2])) > MAX_TERM_BYTES)):
         return None
-    return line[len(_HEAD):at].decode(), body.translate(_TO_TEXT, b'"').decode()
+    return line[len(_HEAD):at].decode(), body.translate(_TO_TEXT, b'"').decode(), terms
 
 
 def _jsonl_docs(part: ShardRange) -> Iterator[Doc]:
@@ -523,7 +523,7 @@ def _jsonl_docs(part: ShardRange) -> Iterator[Doc]:
         for number, line in enumerate(islice(f, part.skip, part.skip + part.take), part.skip + 1):
             fast = _fast_doc(line)
             if fast is not None:
-                yield *fast, FORM
+                yield fast[0], fast[1], FORM, fast[2]
                 continue
             where = f"{path}:{number}"
             doc_id, vector = parse_record(line, where)
@@ -554,12 +554,13 @@ def _parquet_docs(part: ShardRange) -> Iterator[Doc]:
         ids, terms, weights = (batch.column(i) for i in range(3))
         owner = pc.list_parent_indices(terms).to_numpy()
         flat_t, flat_w = pc.list_flatten(terms), pc.list_flatten(weights)
-        odd = _odd_rows(flat_t, owner, len(batch))  # rows the vectorised text cannot hold, read one by one
+        odd = _odd_rows(flat_t, owner)  # rows the vectorised text cannot hold, read one by one
         keep = pc.greater(flat_w, 0)
         if not pc.all(keep).as_py():  # Anserini indexes a weight ≤ 0 as no token at all
             flat_t, flat_w, owner = flat_t.filter(keep), flat_w.filter(keep), owner[keep.to_numpy(False)]
+        counts = np.bincount(owner, minlength=len(batch))
         offsets = np.zeros(len(batch) + 1, np.int32)
-        np.cumsum(np.bincount(owner, minlength=len(batch)), out=offsets[1:])
+        np.cumsum(counts, out=offsets[1:])
         pairs = pc.binary_join_element_wise(flat_t, pc.cast(flat_w, pa.string()), DELIMITER)
         texts = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), pairs), SEPARATOR).to_pylist()
         for i, doc_id in enumerate(ids.to_pylist()):
@@ -571,12 +572,12 @@ def _parquet_docs(part: ShardRange) -> Iterator[Doc]:
                     raise ShardError(_repeated(where, doc_id, _twice(row_terms)))
                 yield _general_doc(_checked(vector, where, doc_id, MAX_TERM_BYTES + 1), doc_id)
             else:
-                yield doc_id, texts[i], FORM
+                yield doc_id, texts[i], FORM, int(counts[i])
 
 
-def _odd_rows(flat_terms: pa.Array, owner: np.ndarray, rows: int) -> set[int]:
-    """The rows of a batch with a term that holds the separator or the delimiter, is empty or too long, or is
-    given twice: each is read on its own (and refused, but for the first kind)."""
+def _odd_rows(flat_terms: pa.Array, owner: np.ndarray) -> set[int]:
+    """The rows of a batch with a term that holds the separator or the delimiter, or is empty or too long: each is
+    read on its own (and refused, but for the first kind). A term given twice is found as the jsonl one is."""
     import pyarrow.compute as pc
 
     if not len(flat_terms):
@@ -585,14 +586,7 @@ def _odd_rows(flat_terms: pa.Array, owner: np.ndarray, rows: int) -> set[int]:
     bad = pc.or_(pc.or_(pc.equal(lengths, 0), pc.greater(lengths, MAX_TERM_BYTES)),
                  pc.or_(pc.greater(pc.count_substring(flat_terms, SEPARATOR), 0),
                         pc.greater(pc.count_substring(flat_terms, DELIMITER), 0)))
-    odd = set(owner[bad.to_numpy(False)].tolist()) if pc.any(bad).as_py() else set()
-    codes = pc.dictionary_encode(flat_terms).indices.to_numpy(False).astype(np.int64)
-    keys = owner.astype(np.int64) * (int(codes.max()) + 1) + codes
-    if pc.count_distinct(pa.array(keys)).as_py() != len(keys):
-        keys.sort()
-        dup = keys[1:][keys[1:] == keys[:-1]] // (int(codes.max()) + 1)
-        odd.update(dup.tolist())
-    return odd
+    return set(owner[bad.to_numpy(False)].tolist()) if pc.any(bad).as_py() else set()
 
 
 def read_joined(part: ShardRange) -> Iterator[Doc]:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from lsr_index.engines.index import INDEX_MANIFEST
-from lsr_index.engines.lucene.checks import check_index, count_docs
+from lsr_index.engines.lucene.checks import check_index, count_docs, count_postings
 from lsr_index.engines.lucene.jvm import anserini_jar, java_home
 from lsr_index.engines.lucene.writer import MERGE, heap_mb
 from lsr_index.errors import LsrIndexError
@@ -295,12 +295,14 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
     built = work / "index"
     t0 = time.perf_counter()
     if builder == "direct":
-        writers = _build_direct(vectors, manifest, index, work, built, threads, heap, progress)
+        writers, postings = _build_direct(vectors, manifest, index, work, built, threads, heap, progress)
     else:
-        writers = _build_anserini(vectors, manifest, index, work, built, threads or available_cores(), heap,
-                                  progress)
+        writers, postings = _build_anserini(vectors, manifest, index, work, built, threads or available_cores(),
+                                            heap, progress), None
     seconds = time.perf_counter() - t0
     check_index(built, deep=True)  # before anything reads it: a damaged index is never published
+    if postings is not None:
+        _check_postings(vectors, manifest, built, postings)
     docs = count_docs(built)
     if docs != manifest.docs:
         raise LsrIndexError(f"the index holds {docs} documents but the manifest lists {manifest.docs}; "
@@ -313,6 +315,23 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
     atomic_write_bytes(built / INDEX_MANIFEST, json.dumps(info, indent=2).encode() + b"\n")
     _publish(built, index, work)
     return info
+
+
+def _check_postings(vectors: Path, manifest: Manifest, built: Path, expected: int) -> None:
+    """A record that names a term twice makes fewer postings than its term count (Lucene adds the two impacts up):
+    the writers' readers do not look for one (a set of every line's terms would cost a third of their pass), so the
+    index's postings are compared with the term counts summed, and only if they differ are the records read again
+    to name it."""
+    if count_postings(built) == expected:
+        return
+    for shard in sorted(manifest.shards, key=lambda s: s.start):
+        try:
+            for _ in read_shard(vectors / shard.file):
+                pass
+        except ShardError as exc:
+            raise LsrIndexError(f"{exc}; nothing was published") from None
+    raise LsrIndexError(f"the index holds {count_postings(built):,} postings but its documents have {expected:,} terms "
+                        "with an impact, and no record names a term twice; not publishing it")
 
 
 def _skipped_by_anserini(vectors: Path, manifest: Manifest) -> str:
@@ -355,16 +374,19 @@ class _Writers:
             pickle.dump(message, child.stdin)
             child.stdin.flush()
 
-    def wait(self, index: Path, update: Callable[[int], object], merging: Callable[[], object]) -> None:
+    def wait(self, index: Path, update: Callable[[int], object], merging: Callable[[], object]) -> int:
         """Until every writer is done; `update(n)` with each count of documents reported, `merging()` once the
-        merging writer has been told to merge. The first failure raises (`stop` ends the rest)."""
+        merging writer has been told to merge. The first failure raises (`stop` ends the rest). Returns the
+        postings the writers' documents should make."""
         finished: set[int] = set()
+        postings = 0
         while len(finished) < len(self.children):
             kind, *body = self.inbox.get()
             if kind == "indexed":
                 update(body[1])
             elif kind == "done":
                 finished.add(body[0])
+                postings += body[1]
                 if finished == set(range(1, len(self.children))):  # all but the merger: it may merge now
                     with contextlib.suppress(OSError):  # it died just now: its relay says how
                         pickle.dump(MERGE, self.children[0].stdin)
@@ -376,6 +398,7 @@ class _Writers:
                 raise LsrIndexError(f"building {index}: an index writer {self._how(kind, body)}"
                                     + (" (free some space and rerun)" if _disk_full(self._how(kind, body)) else "")
                                     + "; nothing was published")
+        return postings
 
     @staticmethod
     def _how(kind: str, body: list) -> str:
@@ -398,7 +421,8 @@ def _disk_full(text: str) -> bool:
 
 
 def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int | None,
-                  heap: str, progress: bool) -> int:
+                  heap: str, progress: bool) -> tuple[int, int]:
+    """The writers used, and the postings their documents should make (see `_check_postings`)."""
     cores = available_cores()
     if threads and threads > cores:
         note(f"--threads {threads}: {cores} core(s) available, so {cores} writer process(es)", progress)
@@ -415,11 +439,11 @@ def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, bu
         with bar(progress, total=manifest.docs, unit=" doc",
                  desc=f"index ({len(plans)} writer{'s' if len(plans) > 1 else ''})") as indexing:
             writers.send(jobs)
-            writers.wait(index, indexing.update, merging=lambda: indexing.set_description("merge"))
+            postings = writers.wait(index, indexing.update, merging=lambda: indexing.set_description("merge"))
         finished = True
     finally:  # Ctrl-C or a failure: no writer outlives this build
         writers.stop(finished)
-    return len(plans)
+    return len(plans), postings
 
 
 # --- Anserini's builder -------------------------------------------------------------------------------

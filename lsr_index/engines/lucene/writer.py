@@ -113,13 +113,14 @@ class ImpactWriter:
                                      .addTokenFilter("delimitedTermFrequency", tf).build())
         return self._analyzers[form]
 
-    def add(self, docs: Iterator[tuple[Callable[[], str], Doc]], report) -> int:
-        """Index every (place, document); `report(count)` is called now and then. Returns the count. `place` (a
-        callable giving the record's file and line) names a document that Lucene refuses."""
+    def add(self, docs: Iterator[tuple[Callable[[], str], Doc]], report) -> tuple[int, int]:
+        """Index every (place, document); `report(count)` is called now and then. Returns the count of documents and
+        the sum of their term counts (the postings they make if no record names a term twice). `place` (a callable
+        giving the record's file and line) names a document that Lucene refuses."""
         set_id, set_value = self._id.setStringValue, self._id_values.setBytesValue
         set_text, add = self._contents.setStringValue, self.writer.addDocument
-        count, last = 0, time.monotonic()
-        for place, (doc_id, text, form) in docs:
+        count, postings, last = 0, 0, time.monotonic()
+        for place, (doc_id, text, form, terms) in docs:
             set_id(doc_id)
             set_value(doc_id.encode())
             set_text(text)
@@ -136,10 +137,11 @@ class ImpactWriter:
                         from None
                 raise  # the writer failed (disk full, I/O error…), not the document
             count += 1
+            postings += terms
             if count % 512 == 0 and time.monotonic() - last > 0.2:
                 report(count)
                 last = time.monotonic()
-        return count
+        return count, postings
 
     def add_indexes(self, parts: list[Path]) -> None:
         """Copy the sub-indexes' segments in, in order (jnius passes a Java varargs as spread arguments)."""
@@ -170,7 +172,7 @@ MERGE = "merge"  # what writer 0 is sent once every other writer has finished
 
 def writer_main(out: BinaryIO) -> None:
     """A writer process (a PythonChild): {"writer", "heap"} from stdin, on which it starts its JVM (while the build
-    checks the vectors), then its job; then ("indexed", writer, documents) now and then, and ("done", writer),
+    checks the vectors), then its job; then ("indexed", writer, documents) now and then, and ("done", writer, postings),
     ("refused", writer, one line) for a record or document that cannot be indexed, or ("failed", writer, one line)
     for anything else (a full disk: Java's IOException). Nothing is written before the job arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the build decides
@@ -194,8 +196,8 @@ def writer_main(out: BinaryIO) -> None:
     merge = threading.Event()
     threading.Thread(target=_listen, args=(merge,), daemon=True).start()
     try:
-        _run(job, lambda documents: send_message(out, "indexed", k, documents), merge)
-        send_message(out, "done", k)
+        postings = _run(job, lambda documents: send_message(out, "indexed", k, documents), merge)
+        send_message(out, "done", k, postings)
     except BrokenPipeError:
         os._exit(1)  # the parent stopped reading: nobody to tell
     except ShardError as exc:
@@ -217,9 +219,10 @@ def _listen(merge: threading.Event) -> None:
     end_with_stdin()
 
 
-def _run(job: dict, report: Callable[[int], object], merge: threading.Event) -> None:
+def _run(job: dict, report: Callable[[int], object], merge: threading.Event) -> int:
     """Index `parts` into `index`; with `merge`, then wait for the word and add those sub-indexes, in the JVM that is
-    already warm (a separate merge process would start another JVM and repeat the class loading)."""
+    already warm (a separate merge process would start another JVM and repeat the class loading). Returns the
+    postings its documents should make (their term counts summed)."""
     writer = ImpactWriter(Path(job["index"]), job["heap"])
     done = 0
 
@@ -228,12 +231,14 @@ def _run(job: dict, report: Callable[[int], object], merge: threading.Event) -> 
         report(count - done)
         done = count
 
-    reported(writer.add(_placed([ShardRange(**part) for part in job["parts"]]), reported))
+    count, postings = writer.add(_placed([ShardRange(**part) for part in job["parts"]]), reported)
+    reported(count)
     if job.get("merge"):
         writer.flush()  # its own segments written while the others finish: only the copy and commit wait for them
         merge.wait()
         writer.add_indexes([Path(p) for p in job["merge"]])
     writer.close()
+    return postings
 
 
 def _placed(parts: list[ShardRange]) -> Iterator[tuple[Callable[[], str], Doc]]:
