@@ -136,3 +136,12 @@ def test_an_escaped_id_is_the_same_id(tmp_path):
     raw_vectors(tmp_path / "v", [b'{"id":"x","contents":"","vector":{"a":1}}\n',
                                  b'{"id":"\\u0078","contents":"","vector":{"a":2}}\n'])
     assert "document id 'x' is given twice" in unique.repeated_id(tmp_path / "v", Manifest.load(tmp_path / "v"))
+
+
+def test_inspect_refuses_a_term_given_twice_in_one_line(tmp_path):
+    from lsr_index.inspect import documents
+
+    shard = raw_vectors(tmp_path / "v", [GOOD, COMPACT])
+    with pytest.raises(LsrIndexError) as caught:
+        documents(tmp_path / "v", ["twice"], 5)
+    refused(str(caught.value), f"{shard}:2")
