@@ -35,9 +35,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lsr_index.engines.lucene.build import available_cores, build_index  # noqa: E402
+from lsr_index.engines.lucene.build import build_index
 from lsr_index.engines.lucene.jvm import anserini_jar, jvm  # noqa: E402
 from lsr_index.engines.lucene.searcher import ImpactSearcher  # noqa: E402
+from lsr_index.runtime.threads import host_cores  # noqa: E402
 from lsr_index.vectors.manifest import Manifest  # noqa: E402
 from lsr_index.vectors.quantize import SparseVectors  # noqa: E402
 from lsr_index.vectors.shards import read_shard, write_vectors  # noqa: E402
@@ -109,7 +110,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each thread count on the large set")
     parser.add_argument("--million", type=int, default=0, help="documents for direct runs on 1 and all cores; 0: skip")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lsr-bench-build")
-    parser.add_argument("--tag", default=f"{available_cores()}core")
+    parser.add_argument("--tag", default=f"{host_cores()}core")
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
@@ -121,7 +122,7 @@ def main() -> None:
         encode_corpus(EncodeJob(inputs=(str(ROOT / "data/sample/corpus.jsonl"),), model="splade-tiny",
                                 options=EncodeOptions(progress=False)), args.fit)
     model = fit(args.fit)
-    cores = available_cores()
+    cores = host_cores()
     rows = []
 
     def run(vectors: Path, builder: str, threads: int, scale: str) -> Path:

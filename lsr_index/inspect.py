@@ -19,7 +19,7 @@ from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.durable import atomic_write_bytes
 from lsr_index.runtime.progress import bar
 from lsr_index.vectors.manifest import Manifest
-from lsr_index.vectors.shards import read_shard
+from lsr_index.vectors.shards import ShardError, read_shard
 
 QUANTILES = (("p5", 0.05), ("p25", 0.25), ("median", 0.5), ("p75", 0.75), ("p95", 0.95))
 
@@ -53,6 +53,8 @@ def _vectors(directory: Path, manifest: Manifest, progress: bool = False) -> Ite
                 for doc_id, vector in read_shard(path):
                     yield shard.file, doc_id, vector
                     reading.update()
+            except ShardError as exc:  # a record no reader takes (a term named twice): its place is in the message
+                raise LsrIndexError(str(exc)) from None
             except (OSError, EOFError, ValueError, KeyError, zlib.error) as exc:
                 raise LsrIndexError(f"{path}: cannot read the shard ({type(exc).__name__}: {exc}); it is damaged: "
                                     "rerun `lsr-index encode --overwrite`") from None

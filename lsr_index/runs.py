@@ -34,6 +34,15 @@ def write_run(path: Path, run: Run, fmt: str = "trec", tag: str = "lsr-index") -
                 raise LsrIndexError(f"{path}: not written: {kind} {problem}, which a {fmt} run "
                                     "cannot hold (the index was built by an older lsr-index: re-encode the corpus "
                                     "and rebuild it)")
+        # what `read_run` (eval, search --qrels) refuses is never written: the file would be left behind unread
+        if len(ranked) != len({doc for doc, _ in ranked}):
+            seen: set[str] = set()
+            doc = next(doc for doc, _ in ranked if doc in seen or seen.add(doc))
+            raise LsrIndexError(f"{path}: not written: document {doc!r} is ranked twice for query {qid!r}: the index "
+                                "holds two documents with that id (built before lsr-index refused ids given twice): "
+                                "give each document its own id, encode and build again")
+        if not all(math.isfinite(score) for _, score in ranked):
+            raise LsrIndexError(f"{path}: not written: query {qid!r} has a score that is not a finite number")
     if fmt == "trec":
         lines = (f"{qid} Q0 {doc} {rank} {score:.4f} {tag}\n"
                  for qid, ranked in run.items() for rank, (doc, score) in enumerate(ranked, 1))

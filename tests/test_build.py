@@ -22,7 +22,7 @@ from lsr_index.errors import LsrIndexError
 from lsr_index.vectors import shards
 from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.quantize import SparseVectors
-from lsr_index.vectors.shards import DELIMITER, free_delimiter
+from lsr_index.vectors.shards import DELIMITER, FORM, free_form
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 LSR = [sys.executable, "-m", "lsr_index", "--quiet"]
@@ -113,26 +113,31 @@ def test_every_term_is_indexed_with_its_impact(tmp_path, fmt):
 def test_no_more_writer_processes_than_cores(tmp_path, monkeypatch):
     """Each writer is a JVM: --threads above the cores available starts one per core (it started one per document
     range, up to one per document), and the index holds every document."""
-    monkeypatch.setattr(build, "available_cores", lambda: 2)
+    monkeypatch.setattr(build, "host_cores", lambda: 2)
     write_vectors(tmp_path / "vectors", VOCAB, DOCS, "jsonl")
     info = build.build_index(tmp_path / "vectors", tmp_path / "index", threads=len(DOCS), progress=False)
     assert (info.writers, info.threads, info.documents) == (2, len(DOCS), len(DOCS))
 
 
-def test_free_delimiter_avoids_every_character_the_terms_use():
-    assert free_delimiter(["plain", "a|b"]) == "\x02"
+def test_a_free_form_avoids_every_character_the_terms_use():
+    assert free_form(["plain", "a|b"]) == FORM
+    assert free_form(["a b", "c\x01d"]) == "\x02\x03"
     spares = "\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10|^~"
-    assert free_delimiter([spares, "\ue000"]) == "\ue001"
+    assert free_form([spares, " \x01", "\ue000"]) == "\ue001\ue002"
 
 
-@pytest.mark.parametrize(("vector", "cause"), [
-    ({0: 3}, "immense term"),  # a term of 40,000 bytes: Lucene's limit is 32,766
-    ({1: INT32_MAX, 2: 1}, "too many tokens"),  # impacts summing past 2^31 - 1
+@pytest.mark.parametrize(("vector", "message"), [
+    ({0: 3}, r"holds the term 'ééé.* of 40,000 UTF-8 bytes, over Lucene's limit of 32,766, which Lucene cannot "
+             "index"),
+    ({1: INT32_MAX, 2: 1}, r"cannot be indexed: .*too many tokens"),  # impacts summing past 2^31 - 1
+    ({3: 4}, r"holds the empty term, which Lucene cannot index"),
 ])
-def test_a_document_lucene_cannot_hold_is_named(tmp_path, vector, cause):
-    write_vectors(tmp_path / "vectors", ["é" * 20_000, "a", "b"], [("fine", {1: 1}), ("bad", vector)], "jsonl")
-    with pytest.raises(LsrIndexError, match=rf"document 'bad' cannot be indexed: .*{cause}.*; nothing was "
-                                            "published"):
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_record_lucene_cannot_hold_is_named_with_its_place(tmp_path, vector, message, fmt):
+    write_vectors(tmp_path / "vectors", ["é" * 20_000, "a", "b", ""], [("fine", {1: 1}), ("bad", vector)], fmt)
+    place = re.escape(f"{tmp_path / 'vectors' / 'shards' / f'part-00000.{fmt}'}" + (":2" if fmt == "jsonl" else
+                                                                                     ": row 2"))
+    with pytest.raises(LsrIndexError, match=rf"^{place}: record 'bad' {message}.*; nothing was published$"):
         build.build_index(tmp_path / "vectors", tmp_path / "index", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".index.lock", "vectors"]  # nothing else
 

@@ -65,6 +65,8 @@ def test_sigkill_of_the_build_kills_its_writers_and_a_rerun_succeeds(vectors, tm
     done = subprocess.run([*LSR, "build", "--vectors", str(vectors), "--index", str(index), "--heap", "1g"],
                           capture_output=True, text=True, env=ENV, timeout=600)
     assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [f"note: removed {tmp_path / f'.index.building-{proc.pid}'}, the work "
+                                        f"directory of an earlier build of {index} that was killed"]
     assert json.loads((index / "lsr-index.json").read_text())["documents"] == 40_000
     assert leftovers(tmp_path) == []
 
@@ -79,6 +81,21 @@ def test_ctrl_c_stops_the_writers_and_leaves_nothing(vectors, tmp_path):
     assert proc.returncode == 130 and "Traceback" not in stderr
     assert stderr.strip().splitlines() == ["interrupted: rerun the same command to continue where it stopped"]
     assert not any(map(alive, writers)) and not index.exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_build_alone_stops_it_and_removes_its_work(vectors, tmp_path, how):
+    """`kill PID` (SIGTERM, a scheduler's stop), or SIGINT to the build process only: its writers stop, its work
+    directory goes, and it ends by SIGTERM (143 in a shell) or as interrupted (130); nothing is left beside the
+    index but its lock file."""
+    index = tmp_path / "index"
+    proc, writers = _start(vectors, index)
+    os.kill(proc.pid, how)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == (-signal.SIGTERM if how == signal.SIGTERM else 130), stderr
+    assert "Traceback" not in stderr
+    assert all(wait_dead(w, 10) for w in writers), "a writer outlived its stopped build"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".index.lock"]
 
 
 @pytest.fixture

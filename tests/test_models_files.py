@@ -158,11 +158,21 @@ def test_hostile_pickle_through_the_cli_is_one_line(tiny_copy, tmp_path):
     assert len(errors) == 1 and "refused" in errors[0] and "Traceback" not in run.stderr, run.stderr
 
 
-def test_unreadable_pickle_is_one_line(tiny_copy):
+@pytest.mark.parametrize(("data", "what"), [(b"not really a pickle", "not a pickle"),
+                                            (pickle.dumps({"w": torch.zeros(2)}, protocol=4), "a plain Python pickle"),
+                                            (pickle.dumps({"w": torch.zeros(2)}, protocol=2), "a plain Python pickle")])
+def test_a_file_torch_save_did_not_write_is_one_refusal_line(tiny_copy, capfd, data, what):
+    """A plain `pickle.dump` printed two lines of PyTorch's warnings, then "not a readable PyTorch weights file
+    (Unsupported operand 149)", which reads as damage: it is a refusal, said once, before torch reads it."""
     (tiny_copy / "model.safetensors").unlink()
-    (tiny_copy / "pytorch_model.bin").write_bytes(b"not really a pickle")
-    with pytest.raises(LsrIndexError, match=r"pytorch_model\.bin: not a readable PyTorch weights file"):
+    (tiny_copy / "pytorch_model.bin").write_bytes(data)
+    capfd.readouterr()
+    with pytest.raises(LsrIndexError) as caught:
         load_model(str(tiny_copy))
+    assert str(caught.value) == (f"{tiny_copy / 'pytorch_model.bin'}: refused: not PyTorch weights ({what}, not a "
+                                 "file torch.save wrote); save the state dict with torch.save, or better as "
+                                 "safetensors")
+    assert "Warning" not in capfd.readouterr().err
 
 
 def test_no_weights_at_all(tiny_copy):

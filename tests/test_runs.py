@@ -83,3 +83,24 @@ def test_read_run_refuses_what_would_skew_the_metrics(tmp_path, content, line, m
     with pytest.raises(InputError, match=re.escape(message)) as caught:
         read_run(path)
     assert caught.value.where == line
+
+
+@pytest.mark.parametrize("fmt", ["trec", "msmarco"])
+@pytest.mark.parametrize(("ranked", "message"), [
+    ([("x", 3.0), ("y", 2.0), ("x", 1.0)], "document 'x' is ranked twice for query 'q1': the index holds two "
+                                           "documents with that id"),
+    ([("x", float("nan"))], "query 'q1' has a score that is not a finite number"),
+])
+def test_a_run_that_eval_would_refuse_is_never_written(tmp_path, fmt, ranked, message):
+    """`search --qrels` reads back what it wrote: a run it could not read was left behind, with the error; now it is
+    refused before a byte is written, and an older run under that name is kept."""
+    from lsr_index.runs import write_run
+
+    path = tmp_path / f"q.{fmt}.gz"
+    with pytest.raises(LsrIndexError, match=re.escape(f"{path}: not written: {message}")):
+        write_run(path, {"q0": [("a", 1.0)], "q1": ranked}, fmt)
+    assert list(tmp_path.iterdir()) == []
+    path.write_text("kept\n")
+    with pytest.raises(LsrIndexError):
+        write_run(path, {"q1": ranked}, fmt)
+    assert [p.name for p in tmp_path.iterdir()] == [path.name] and path.read_text() == "kept\n"

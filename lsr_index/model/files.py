@@ -12,6 +12,7 @@ import os
 import pickle
 import re
 import sys
+import warnings
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,9 +142,29 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+# What `torch.save` writes first in its legacy (non-zip) format: its magic number, pickled with protocol 2
+_LEGACY_TORCH = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)
+
+
 def _load_pickle(file: Path, torch) -> dict:
+    """A state dict from a file `torch.save` wrote (its zip format, or its legacy one), by the restricted
+    unpickler; anything else (a plain `pickle.dump`, another program's file) is refused in one line before torch
+    reads it, which would print its own warnings and then a message that reads as damage."""
+    zipped = zipfile.is_zipfile(file)
+    if not zipped:
+        try:
+            with open(file, "rb") as f:
+                head = f.read(len(_LEGACY_TORCH))
+        except OSError as exc:
+            raise LsrIndexError(f"{file}: cannot read it: {exc.strerror or exc}") from None
+        if head != _LEGACY_TORCH:
+            what = "a plain Python pickle" if head[:1] == b"\x80" else "not a pickle"
+            raise LsrIndexError(f"{file}: refused: not PyTorch weights ({what}, not a file torch.save wrote); save the "
+                                "state dict with torch.save, or better as safetensors")
     try:
-        part = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on pickle protocols: the outcome is said below
+            part = torch.load(file, map_location="cpu", weights_only=True, mmap=zipped)
     except pickle.UnpicklingError as exc:
         named = re.search(r"GLOBAL (\S+)", str(exc))
         if named is None:  # not a pickle at all, or a damaged one
@@ -228,6 +249,7 @@ def sentence_transformers_layout(path: Path) -> SentenceTransformersLayout | Non
                                 "lsr-index reads MLMTransformer (or a fill-mask Transformer) + SpladePooling")
     if mlm is None:
         raise LsrIndexError(f"{path}: no MLMTransformer in the sentence-transformers document modules")
+    _refuse_prompts(path / "config_sentence_transformers.json")
     query = None
     if "query" in routes:
         kinds = [kind.rsplit(".", 1)[-1] for kind, _ in routes["query"]]
@@ -237,6 +259,25 @@ def sentence_transformers_layout(path: Path) -> SentenceTransformersLayout | Non
             raise LsrIndexError(f"{path}: query route {kinds} is not supported (SparseStaticEmbedding, or the "
                                 "document route)")
     return SentenceTransformersLayout(mlm=mlm, pooling=pooling, activation=activation, query=query)
+
+
+def _refuse_prompts(config_file: Path) -> None:
+    """sentence-transformers puts a prompt before every text it encodes (encode_query: the "query" prompt,
+    encode_document: "document", "passage" or "corpus", else the default prompt); lsr-index does not, so a model
+    saved with one would give other vectors: refused, naming it."""
+    if not config_file.is_file():
+        return
+    config = _json(config_file)
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict):
+        return
+    default = prompts.get(config.get("default_prompt_name") or "")
+    for what, names in (("queries", ("query",)), ("documents", ("document", "passage", "corpus"))):
+        prompt = next((prompts[name] for name in names if name in prompts), default)
+        if prompt:
+            raise LsrIndexError(f"{config_file}: sentence-transformers puts the prompt {prompt!r} before {what}; "
+                                "lsr-index does not, so its vectors would differ: set the prompts to \"\" there and "
+                                f"put the prompt in the {what} themselves")
 
 
 def _module_dir(root: Path, folder: str) -> Path:

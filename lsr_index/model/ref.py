@@ -141,11 +141,65 @@ class ModelRef:
                               else positions)
         return min(limits) if limits else None
 
+    def lengths(self) -> ModelLengths:
+        """The lengths this model's own files truncate documents and queries at, as its reference client applies them
+        (sentence-transformers: `document_length` / `query_length` of encode_document / encode_query (its version
+        6), else `max_seq_length` for both); None for what the files do not say (a plain transformers directory).
+        The encode defaults (--doc-max-length 256, --query-max-length 64) are for a model that says nothing: a
+        caller whose user gave no length uses these where they are set (see `length_notes`)."""
+        if self.layout is None:
+            return ModelLengths(None, None, None)
+        settings = self.layout.mlm / "sentence_bert_config.json"
+        config = _settings(settings)
+        both = _length(config, "max_seq_length", settings)
+        document, query = _length(config, "document_length", settings), _length(config, "query_length", settings)
+        return ModelLengths(document or both, query or both, settings if (document or query or both) else None)
+
+    def length_notes(self, doc_max_length: int, query_max_length: int) -> list[str]:
+        """One line for each length given that differs from the model's own (`lengths`): the vectors then differ from
+        its reference client's, and the line says how to match it."""
+        own, notes = self.lengths(), []
+        for what, given, saved, option in (("documents", doc_max_length, own.document, "--doc-max-length"),
+                                           ("queries", query_max_length, own.query, "--query-max-length")):
+            if saved is not None and given != saved:
+                notes.append(f"{self.name}: {own.source} truncates {what} at {saved} tokens; encoding them at "
+                             f"{given} gives other vectors than sentence-transformers (pass {option} {saved} to "
+                             "match it)")
+        return notes
+
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_loaded": {}}  # what was loaded stays with its process
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+
+
+@dataclass(frozen=True)
+class ModelLengths:
+    """A model's own truncation lengths in tokens (special tokens included), None where its files say none."""
+
+    document: int | None
+    query: int | None
+    source: Path | None  # the file that sets them
+
+
+def _settings(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise LsrIndexError(f"{path}: not readable JSON ({exc})") from None
+    return config if isinstance(config, dict) else {}
+
+
+def _length(config: dict, key: str, path: Path) -> int | None:
+    value = config.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise LsrIndexError(f"{path}: {key} must be a whole number of tokens of at least 2, got {value!r}")
+    return value
 
 
 def read_tokenizer(path: Path):

