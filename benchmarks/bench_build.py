@@ -35,7 +35,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lsr_index.engines.lucene.build import build_index
+from lsr_index.engines.lucene.build import build_index  # noqa: E402
 from lsr_index.engines.lucene.jvm import anserini_jar, jvm  # noqa: E402
 from lsr_index.engines.lucene.searcher import ImpactSearcher  # noqa: E402
 from lsr_index.runtime.threads import host_cores  # noqa: E402
