@@ -163,10 +163,10 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
               + default("model"))
 @click.option("--query-model", help="A separate model for queries (same vocabulary), recorded for search. "
               "[default: the model, or its token-weight table when it ships one (inference-free models)]")
-@click.option("--doc-max-length", type=setting("doc_max_length"), help="Tokens per document. "
-              + default("doc_max_length"))
-@click.option("--query-max-length", type=setting("query_max_length"),
-              help="Tokens per query, recorded for search. " + default("query_max_length"))
+@click.option("--doc-max-length", type=setting("doc_max_length"), help="Tokens per document. [default: the "
+              f"model's own saved length (a SparseEncoder directory's), else {DEFAULTS['doc_max_length']}]")
+@click.option("--query-max-length", type=setting("query_max_length"), help="Tokens per query, recorded for "
+              f"search. [default: the model's own saved length, else {DEFAULTS['query_max_length']}]")
 @click.option("--max-tokens", type=setting("max_tokens"), help="Padded tokens per forward pass (bounds memory). "
               f"[default: {MAX_TOKENS['cpu']} on CPU, {MAX_TOKENS['cuda']} on GPU]")
 @click.option("--shard-docs", type=setting("shard_docs"), help="Documents per output shard. "
@@ -209,6 +209,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     from lsr_index.encode.run import encode as encode_job
     from lsr_index.inputs.corpus import Fields
     from lsr_index.inputs.sources import resolve
+    from lsr_index.model.ref import ModelRef
     from lsr_index.runtime.durable import real_path
     from lsr_index.vectors.quantize import Quantization
 
@@ -232,13 +233,16 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     gpu = devices[0].startswith("cuda")
     max_tokens = value("max_tokens") or MAX_TOKENS["cuda" if gpu else "cpu"]
     try:
+        model = ModelRef.resolve(value("model"))
+        query_model = ModelRef.resolve(options["query_model"]) if options["query_model"] else None
+        doc_max_length, query_max_length = _lengths(model, query_model, options, chosen)
         job = EncodeJob(
-            inputs=tuple(inputs), model=value("model"), query_model=options["query_model"],
+            inputs=tuple(inputs), model=model, query_model=query_model,
             dtype=_dtype(value("dtype"), gpu),
             fields=Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None),
             on_error=options["on_error"],
             options=EncodeOptions(
-                doc_max_length=value("doc_max_length"), query_max_length=value("query_max_length"),
+                doc_max_length=doc_max_length, query_max_length=query_max_length,
                 max_tokens=max_tokens, shard_docs=value("shard_docs"), output_format=value("output_format"),
                 checkpoint_seconds=value("checkpoint_seconds"),
                 quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
@@ -247,9 +251,24 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     finally:
         if cluster:
             cluster.shutdown()
-    _report_encoding(manifest, out, value("doc_max_length"), time.perf_counter() - ctx.obj["started"])
+    _report_encoding(manifest, out, doc_max_length, time.perf_counter() - ctx.obj["started"])
     if manifest.skipped:
         click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.jsonl'}", err=True)
+
+
+def _lengths(model, query_model, options: dict, chosen: dict) -> tuple[int, int]:
+    """The documents' and queries' lengths: as given (an option, then a preset), else the model's own (a SparseEncoder
+    directory's saved lengths, as sentence-transformers reads them), else the defaults. A length given that differs
+    from the model's own is noted: the vectors then differ from its reference client's."""
+    own, own_query = model.lengths(), (query_model or model).lengths()
+    given = {key: options[key] if options.get(key) is not None else chosen.get(key)
+             for key in ("doc_max_length", "query_max_length")}
+    doc = given["doc_max_length"] or own.document or DEFAULTS["doc_max_length"]
+    query = given["query_max_length"] or own_query.query or DEFAULTS["query_max_length"]
+    for line in model.length_notes(doc if given["doc_max_length"] else own.document or doc,
+                                   query if given["query_max_length"] else own.query or query):
+        click.echo(f"note: {line}", err=True)
+    return doc, query
 
 
 def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: float) -> None:
@@ -305,6 +324,7 @@ def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads:
     """Build a Lucene impact index from encoded vectors (checksums verified; published only when whole)."""
     from lsr_index.engines.lucene.build import build_index
 
+    terminate_as_interrupt()  # a scheduler's SIGTERM unwinds as Ctrl-C: the writers stop, the work directory goes
     vectors = vectors or ctx.obj["workdir"] / "vectors"
     index = index or ctx.obj["workdir"] / "index"
     built = build_index(vectors, index, threads=threads, heap=heap, overwrite=overwrite,

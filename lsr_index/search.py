@@ -90,7 +90,7 @@ def search(index: Path, queries: Sequence[tuple[str, str]], hits: int = 1000, th
         manifest = generation.record().vectors_manifest
         searcher = ImpactSearcher(generation)
         try:
-            note(f"loading the query model {model or manifest.query['name']}…", progress)
+            note(f"loading the query model {model or manifest.query.name}…", progress)
             encoder, quantization = query_encoder(manifest, index, model, device, backend)
             max_length = manifest.encoder.query_max_length
             queries, capped = capped_queries(queries, max_length)
