@@ -22,6 +22,7 @@ import click
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.presets import PRESET_KEYS, load_preset
+from lsr_index.runtime.timeline import mark
 from lsr_index.settings import DEFAULTS, DTYPE, MAX_TOKENS, RANGES
 
 
@@ -214,7 +215,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     from lsr_index.vectors.quantize import Quantization
 
     terminate_as_interrupt()
-
+    mark("command parsed")
     out = output or ctx.obj["workdir"] / "vectors"
     # a missing or unreadable input is reported before torch loads (3 s) or a model is fetched
     _, passed_over = resolve(list(inputs), real_path(out))
@@ -230,12 +231,14 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
 
         cluster = RayCluster(options["ray_address"], options["ray_cpus"])
     devices = cluster.devices if cluster else _devices(options["device"])
+    mark(f"devices: {', '.join(devices)}")
     gpu = devices[0].startswith("cuda")
     max_tokens = value("max_tokens") or MAX_TOKENS["cuda" if gpu else "cpu"]
     try:
         model = ModelRef.resolve(value("model"))
         query_model = ModelRef.resolve(options["query_model"]) if options["query_model"] else None
         doc_max_length, query_max_length = _lengths(model, query_model, options, chosen)
+        mark("model resolved and identified")
         job = EncodeJob(
             inputs=tuple(inputs), model=model, query_model=query_model,
             dtype=_dtype(value("dtype"), gpu),
@@ -251,6 +254,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     finally:
         if cluster:
             cluster.shutdown()
+    mark("encoded")
     _report_encoding(manifest, out, doc_max_length, time.perf_counter() - ctx.obj["started"])
     if manifest.skipped:
         click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.jsonl'}", err=True)

@@ -16,7 +16,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
@@ -64,6 +64,10 @@ class Plan:
         self.dirty = False
         self.obsolete: list[str] = []  # files to delete once a save no longer lists them
         self.stale = 0  # recorded parts found changed and re-encoded
+        self._publisher = ThreadPoolExecutor(1, thread_name_prefix="publish")
+        self._pending: list[Future] = []
+        self._publishing: set[int] = set()  # shards being joined from their chunks
+        self._failed: BaseException | None = None
 
     @classmethod
     def open(cls, out: Path, job: EncodeJob, fresh: Manifest) -> Plan:
@@ -81,12 +85,20 @@ class Plan:
 
     def record(self, chunk: Chunk) -> None:
         """A chunk a task wrote, durable on disk: listed now, saved within SAVE_EVERY; a shard its chunks now cover
-        is published."""
+        is published beside (concatenating chunks copies the shard's bytes: not on the caller's thread)."""
         with self.lock:
             self.manifest.chunks.append(chunk)
             self.dirty = True
-            self.publish_covered()
+            if self._failed is not None:
+                raise self._failed
+            self._pending.append(self._publisher.submit(self._publish_in_background))
             self.flush_if_due()
+
+    def _publish_in_background(self) -> None:
+        try:
+            self.publish_covered()
+        except BaseException as exc:  # raised on the next record, or by finish
+            self._failed = exc
 
     def publish(self, shard: Shard) -> None:
         """A shard published whole by a cluster's encoder (see cluster.py): it replaces its shard's chunks."""
@@ -100,23 +112,37 @@ class Plan:
 
     def publish_covered(self, total: int | None = None) -> None:
         """Publish every shard whose chunks cover it: a full shard, or (once the stream's `total` is known) the last,
-        shorter one."""
+        shorter one. The files are joined outside the lock: records and saves go on meanwhile."""
         with self.lock:
             sd = self.manifest.shard_docs
             by_shard: dict[int, list[Chunk]] = {}
             for chunk in self.manifest.chunks:
-                by_shard.setdefault(chunk.shard, []).append(chunk)
+                if chunk.shard not in self._publishing:
+                    by_shard.setdefault(chunk.shard, []).append(chunk)
+            ready = []
             for shard, chunks in sorted(by_shard.items()):
                 chunks.sort(key=lambda c: c.start)
                 end = (shard + 1) * sd if total is None else min((shard + 1) * sd, total)
-                starts = [c.start for c in chunks]
-                if starts != [shard * sd, *(c.end for c in chunks[:-1])] or chunks[-1].end != end:
-                    continue
+                if [c.start for c in chunks] == [shard * sd, *(c.end for c in chunks[:-1])] and chunks[-1].end == end:
+                    ready.append((shard, chunks))
+                    self._publishing.add(shard)
+        for shard, chunks in ready:
+            try:
                 published = publish_shard(self.out, shard, chunks, self.manifest.output_format, shard * sd)
+            finally:
+                with self.lock:
+                    self._publishing.discard(shard)
+            with self.lock:
                 self.manifest.chunks = [c for c in self.manifest.chunks if c.shard != shard]
                 self.obsolete += [c.file for c in chunks if c.file != published.file]
                 self.manifest.shards.append(published)
                 self.dirty = True
+
+    def close(self) -> None:
+        """The publications under way finished (a shard being joined is listed once whole), what is recorded saved."""
+        self._publisher.shutdown(wait=True)
+        if self.dirty:
+            self.save()
 
     def flush_if_due(self) -> None:
         with self.lock:
@@ -208,6 +234,9 @@ class Plan:
         m, out = self.manifest, self.out
         sequencer.finish()
         total = sequencer.n_docs
+        wait(self._pending)
+        if self._failed is not None:
+            raise self._failed
         self.publish_covered(total)
         m.shards.sort(key=lambda s: s.start)
         expected = 0
@@ -362,5 +391,4 @@ def planned(job: EncodeJob, out: Path) -> Iterator[Plan]:
         try:
             yield plan
         finally:
-            if plan.dirty:
-                plan.save()
+            plan.close()

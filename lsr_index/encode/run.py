@@ -15,6 +15,7 @@ from lsr_index.encode.plan import Plan, planned
 from lsr_index.encode.task import WorkerResult
 from lsr_index.encode.units import Units
 from lsr_index.runtime.progress import EncodeBar
+from lsr_index.runtime.timeline import mark
 from lsr_index.vectors.manifest import Manifest, NodeStats
 
 
@@ -36,10 +37,12 @@ def encode(job: EncodeJob, out: Path, executor: Executor,
     left to stop)."""
     job = job.for_output(out)
     with planned(job, out) as plan:
+        mark("output planned")
         resumed_at = plan.manifest.docs + sum(c.docs for c in plan.manifest.chunks)
         reader = job.reader()
         planned_units = reader.units()
         units = Units(planned_units, reader.sequencer(planned_units))
+        mark(f"input cut into {len(planned_units)} unit(s)")
         bar = EncodeBar(reader.estimate_docs, resumed_at, job.options.progress)
         t0, started_at = time.perf_counter(), time.time()
         tokens = 0
@@ -55,6 +58,7 @@ def encode(job: EncodeJob, out: Path, executor: Executor,
         finally:
             bar.close()
         seconds = time.perf_counter() - t0
+        mark("every unit encoded")
         return plan.finish(results, units.sequencer, resumed_at, seconds, started_at,
                            nodes=executor.node_stats(seconds), completing=completing)
 

@@ -36,6 +36,7 @@ from lsr_index.encode.sink import ChunkSink
 from lsr_index.encode.units import RemoteUnits, Units
 from lsr_index.model.tokens import TextTokenizer, Tokens
 from lsr_index.runtime.threads import Prefetch
+from lsr_index.runtime.timeline import mark
 from lsr_index.vectors.manifest import Chunk
 from lsr_index.vectors.quantize import SparseVectors, quantize
 from lsr_index.vectors.serializers import SerializerPool
@@ -116,9 +117,11 @@ class ShardEncoder:
                 if prepared:
                     prepared.result()
             self.loaded_at = time.time()
+            mark(f"model on {self.device}")
             encoder = SpladeEncoder(model, max_tokens=self.job.options.max_tokens, backend=self.job.options.backend,
                                     tokenizer=self.tokenizer)
             encoder.warm_up(self.job.options.doc_max_length, partial(quantize, q=self.job.options.quantization))
+            mark(f"model warmed up on {self.device}")
             self._encoder.set_result(encoder)
         except BaseException as exc:
             self._encoder.set_exception(exc)
@@ -175,7 +178,9 @@ class ShardEncoder:
         def to_encode() -> Iterator[tuple[int, Tokens]]:
             nonlocal ready_at
             for n, (piece, ids, tokens, stats) in enumerate(stream):
-                ready_at = ready_at or time.time()
+                if not ready_at:
+                    ready_at = time.time()
+                    mark(f"first piece on {self.device}")
                 pending[n] = (piece, ids, tokens, stats, [])
                 yield n, tokens
 

@@ -16,17 +16,19 @@ from pathlib import Path
 
 from lsr_index.inputs.sources import compression, file_format
 
-FIRST_BYTES = 1 << 20  # a file's first unit, in bytes of input
-GROWTH = 1.5  # each next unit of a file is this much larger, up to the largest
+FIRST_BYTES = 1 << 20  # a file's first and last units, in bytes of input
+GROWTH = 1.5  # each next unit of a file is this much larger, up to the largest, and as much smaller towards its end
 LARGEST_BYTES = 32 << 20
-PER_FILE = 16  # a file is cut into at least this many units where it is large enough for them
+PER_FILE = 64  # a file is cut into at least this many units where it is large enough for them
 _SCAN = 1 << 16  # bytes read at a time while looking for the end of a line
 
 
 @dataclass(frozen=True)
 class Unit:
     """One part of the input, read on its own. `start`/`stop`: a JSONL unit's byte range (`stop` None: to the file's
-    end) or a Parquet unit's row groups; `first_row`: the file's rows before the unit (Parquet)."""
+    end) or a Parquet unit's row groups; `first_row`: the file's rows before the unit (Parquet). A file's units grow at
+    its start, so that each worker's first batch comes soon, and shrink at its end, so that the workers finish
+    together."""
 
     index: int
     path: Path
@@ -55,13 +57,18 @@ def plan_units(files: Iterable[Path]) -> list[Unit]:
     return units
 
 
-def _sizes(total: int) -> Iterable[int]:
-    """Unit sizes in bytes for a file of `total` bytes: growing from FIRST_BYTES up to the file's largest."""
+def _sizes(total: int) -> list[int]:
+    """Unit sizes in bytes for a file of `total` bytes: growing from FIRST_BYTES up to the file's largest, then as many
+    of those as fit, then shrinking back to FIRST_BYTES; together at least `total`."""
     largest = max(FIRST_BYTES, min(LARGEST_BYTES, total // PER_FILE))
-    size = FIRST_BYTES
-    while True:
-        yield min(size, largest)
+    ramp, size = [], FIRST_BYTES
+    while size < largest:
+        ramp.append(size)
         size = int(size * GROWTH)
+    if 2 * sum(ramp) >= total:  # a small file: the ramp alone covers it
+        return ramp + ramp[::-1] + [largest]
+    middle = -(-(total - 2 * sum(ramp)) // largest)
+    return ramp + [largest] * middle + ramp[::-1]
 
 
 def _line_bounds(path: Path) -> list[int]:
@@ -104,7 +111,7 @@ def _row_group_units(path: Path, first_index: int) -> list[Unit]:
     if not groups:
         return [Unit(first_index, path, "Parquet")]
     units, start, rows, size = [], 0, 0, 0
-    sizes = _sizes(sum(g[0] for g in groups))
+    sizes = iter(_sizes(sum(g[0] for g in groups)) + [LARGEST_BYTES] * len(groups))
     target = next(sizes)
     first_row = 0
     for g, (group_bytes, group_rows) in enumerate(groups):
