@@ -107,31 +107,9 @@ def friendly_errors(fn: Callable) -> Callable:
 
 
 def _devices(spec: str) -> tuple[str, ...]:
-    """'auto' → every visible GPU (one worker each), else the CPU; or an explicit comma-separated list."""
-    import torch
+    from lsr_index.api import devices
 
-    if spec == "auto":
-        count = torch.cuda.device_count()
-        return tuple(f"cuda:{i}" for i in range(count)) if count else ("cpu",)
-    devices = []
-    for name in (d.strip() for d in spec.split(",") if d.strip()):
-        try:
-            device = torch.device(name)
-        except RuntimeError:
-            raise LsrIndexError(f"--device {name!r}: not a device (use auto, cpu, cuda or cuda:N)") from None
-        if device.type == "cuda":
-            count = torch.cuda.device_count()
-            if count == 0 or (device.index or 0) >= count:
-                raise LsrIndexError(f"--device {name}: {count} CUDA GPU(s) visible")
-            devices.append(f"cuda:{device.index or 0}")
-        elif device.type == "cpu":
-            devices.append("cpu")
-        else:
-            raise LsrIndexError(f"--device {name}: only cpu and cuda devices are supported")
-    if "cpu" in devices and len(set(devices)) > 1:  # the run ends with the CPU's last shard: ~100x a GPU's
-        raise LsrIndexError(f"--device {spec}: a CPU beside GPUs holds them up (each shard goes to one worker whole, "
-                            "and a CPU encodes one ~100x slower): give the GPUs alone")
-    return tuple(devices) or ("cpu",)
+    return devices(spec)
 
 
 def _dtype(name: str | None, gpu: bool) -> str:
@@ -205,14 +183,10 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
 
     A rerun with the same inputs and settings encodes only the shards not yet complete.
     """
-    from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.local import LocalExecutor
-    from lsr_index.encode.run import encode as encode_job
-    from lsr_index.inputs.corpus import Fields
+    from lsr_index.api import encode as encode_corpus
     from lsr_index.inputs.sources import resolve
     from lsr_index.model.ref import ModelRef
     from lsr_index.runtime.durable import real_path
-    from lsr_index.vectors.quantize import Quantization
 
     terminate_as_interrupt()
     mark("command parsed")
@@ -225,35 +199,19 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
                    f"{', '.join(str(p) for p in passed_over[:5])}{' …' if len(passed_over) > 5 else ''}", err=True)
     chosen = load_preset(preset) if preset else {}
     value = lambda key: options[key] if options.get(key) is not None else chosen.get(key, DEFAULTS[key])
-    cluster = None
-    if options["ray_address"] is not None:  # the cluster's devices replace --device
-        from lsr_index.encode.cluster import RayCluster
-
-        cluster = RayCluster(options["ray_address"], options["ray_cpus"])
-    devices = cluster.devices if cluster else _devices(options["device"])
-    mark(f"devices: {', '.join(devices)}")
-    gpu = devices[0].startswith("cuda")
-    max_tokens = value("max_tokens") or MAX_TOKENS["cuda" if gpu else "cpu"]
-    try:
-        model = ModelRef.resolve(value("model"))
-        query_model = ModelRef.resolve(options["query_model"]) if options["query_model"] else None
-        doc_max_length, query_max_length = _lengths(model, query_model, options, chosen)
-        mark("model resolved and identified")
-        job = EncodeJob(
-            inputs=tuple(inputs), model=model, query_model=query_model,
-            dtype=_dtype(value("dtype"), gpu),
-            fields=Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None),
-            on_error=options["on_error"],
-            options=EncodeOptions(
-                doc_max_length=doc_max_length, query_max_length=query_max_length,
-                max_tokens=max_tokens, shard_docs=value("shard_docs"), output_format=value("output_format"),
-                checkpoint_seconds=value("checkpoint_seconds"),
-                quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
-                backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"]))
-        manifest = encode_job(job, out, cluster or LocalExecutor(devices), completing=signals_settled)
-    finally:
-        if cluster:
-            cluster.shutdown()
+    model = ModelRef.resolve(value("model"))
+    query_model = ModelRef.resolve(options["query_model"]) if options["query_model"] else None
+    doc_max_length, query_max_length = _lengths(model, query_model, options, chosen)
+    mark("model resolved and identified")
+    manifest = encode_corpus(
+        inputs, out, model=model, query_model=query_model, device=options["device"], dtype=value("dtype"),
+        doc_max_length=doc_max_length, query_max_length=query_max_length, max_tokens=value("max_tokens"),
+        shard_docs=value("shard_docs"), output_format=value("output_format"), scale=value("scale"),
+        top_k=value("top_k"), min_weight=value("min_weight"), id_field=options["id_field"],
+        text_fields=options["text_fields"] or None, on_error=options["on_error"],
+        checkpoint_seconds=value("checkpoint_seconds"), backend=options["backend"], overwrite=options["overwrite"],
+        progress=ctx.obj["progress"], ray=options["ray_address"], ray_cpus=options["ray_cpus"],
+        completing=signals_settled)
     mark("encoded")
     _report_encoding(manifest, out, doc_max_length, time.perf_counter() - ctx.obj["started"])
     if manifest.skipped:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lsr_index.errors import LsrIndexError
+from lsr_index.errors import LsrIndexError, install_hint
 from lsr_index.runtime.durable import atomic_write_bytes
 from lsr_index.runtime.progress import bar
 from lsr_index.vectors.manifest import Manifest
@@ -157,7 +157,7 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise LsrIndexError("--png needs matplotlib: pip install matplotlib (or install lsr-index[bench])") from None
+        raise LsrIndexError(f"--png needs matplotlib: pip install matplotlib, or {install_hint('bench')}") from None
 
 
 def write_png(stats: CorpusStats, path: Path) -> None:

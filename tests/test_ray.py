@@ -122,7 +122,8 @@ def test_without_ray_one_line_says_what_to_install(corpus, tmp_path):
     done = subprocess.run(lsr(str(corpus), "-o", str(tmp_path / "v"), "--ray"), capture_output=True, text=True,
                           env=env)
     assert done.returncode == 1
-    assert done.stderr == "error: --ray needs Ray, which is not installed: pip install 'lsr-index[ray]'\n"
+    assert done.stderr == ("error: --ray needs Ray, which is not installed: pip install -e '.[ray]' in the lsr-index "
+                           "checkout (or bash pipelines/setup.sh --dev)\n")
     assert not (tmp_path / "v").exists()
 
 

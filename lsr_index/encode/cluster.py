@@ -38,13 +38,13 @@ from lsr_index.encode.job import Assignment, EncodeJob, Piece
 from lsr_index.encode.plan import Plan, publish_shard
 from lsr_index.encode.task import ShardEncoder, WorkerResult
 from lsr_index.encode.units import Units
-from lsr_index.errors import LsrIndexError
+from lsr_index.errors import LsrIndexError, install_hint
 from lsr_index.runtime.durable import fsync_directory
 from lsr_index.runtime.threads import Prefetch
 from lsr_index.vectors.manifest import Chunk, NodeStats, Shard
 from lsr_index.vectors.shards import SHARDS, attempt_dir, shard_file
 
-INSTALL = "pip install 'lsr-index[ray]'"
+INSTALL = install_hint("ray")
 QUEUED_PER_ACTOR = 2  # one encoding, one whose documents are already on their way
 READ_AHEAD = 4  # shards read and cut ahead of dispatch (the driver's memory: ~(2·actors + 4) shards of text)
 MAX_LOSSES = 3  # actors a shard may take down before it is blamed (a document that exhausts memory)
