@@ -352,8 +352,9 @@ def main() -> None:
             "triton": triton.__version__, "python": sys.version.split()[0], "smoke": args.smoke,
             "max_tokens": max_tokens, "host_cores": os.cpu_count(), "gpus": torch.cuda.device_count(),
             "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-            # set on the device machine, whose packages have no bytecode: unless a pycache prefix holds it (as a pip
-            # install's own), every Python child compiles its imports anew (the input process ~0.5 s, torch 4-5 s)
+            # set on GPU hosts whose packages ship without bytecode: unless a pycache prefix holds it (as a pip
+            # install's own), every Python child compiles its imports anew, seconds for torch alone
+            # (docs/performance/encode.md, "Start-up")
             "python_dont_write_bytecode": os.environ.get("PYTHONDONTWRITEBYTECODE"),
             "python_pycache_prefix": sys.pycache_prefix}
     name = "".join(c if c.isalnum() else "_" for c in gpu).strip("_") + ("_smoke" if args.smoke else "")

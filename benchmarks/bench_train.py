@@ -33,7 +33,7 @@ Sections (--sections, default all; per body in this order; the compiled head's a
           bf16 rounding, fp32 eager against eager, per step and on curves smoothed over --smooth steps.
 Writes results/train_<GPU>.json, .csv and .png, each with its provenance.
 
-    python benchmarks/bench_train.py                     # everything, about 4 minutes on an H100
+    python benchmarks/bench_train.py                     # everything, a few minutes on one GPU
     python benchmarks/bench_train.py --sections step,curves --quick
     python benchmarks/bench_train.py --device cpu --quick --out /tmp/x   # smoke run of the code paths (reference head)
 """

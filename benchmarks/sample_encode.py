@@ -2,7 +2,7 @@
 
 Two modes:
   - synthetic (default): a second in-process run of `encode_corpus` on synthetic documents (the first run warms
-    caches). It found the serializer pool's blocking start (docs/performance/encode.md).
+    caches). A thread held up by a blocking start of worker processes shows here (docs/performance/encode.md).
   - `--cli "encode ARGS"`: the lsr-index command line in this process, sampled from before its first import, so
     start-up (imports, model load, the input's first pieces) is on the timeline too.
 

@@ -191,7 +191,7 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     terminate_as_interrupt()
     mark("command parsed")
     out = output or ctx.obj["workdir"] / "vectors"
-    # a missing or unreadable input is reported before torch loads (3 s) or a model is fetched
+    # a missing or unreadable input is reported before torch loads (seconds) or a model is fetched
     _, passed_over = resolve(list(inputs), real_path(out))
     if passed_over:
         click.echo(f"note: passed over {len(passed_over)} entr{'y' if len(passed_over) == 1 else 'ies'} of the input "
@@ -235,8 +235,8 @@ def _lengths(model, query_model, options: dict, chosen: dict) -> tuple[int, int]
 
 def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: float) -> None:
     """The summary: documents, rates with start-up apart (model load, first read), truncation; and the command's
-    whole time, which adds torch's and transformers' imports and the plan (~7 s on a GPU host: the encode clock
-    starts after them)."""
+    whole time, which adds torch's and transformers' imports and the plan (seconds of their own, which the encode
+    clock starts after: docs/performance/encode.md, "Start-up")."""
     stats = manifest.stats
     # a worker left without a shard was "ready" only when it ended: its start-up is not the run's
     startup = max((w.startup_seconds for w in stats.per_worker if w.docs), default=0.0)

@@ -21,8 +21,8 @@ from . import cpu_head
 from .activations import activate, check_options
 
 # One step's logits block, [tokens, vocabulary] = 2,048 × 512 (4 MiB in float32): small enough to stay in cache
-# between the matmul that writes it and the reduction that reads it. On 2 CPU cores (AVX-512, MKL) the head ran at
-# 176 GFLOP/s this way against 77 with [all tokens, 2^26 / tokens] blocks, which went out to memory and back.
+# between the matmul that writes it and the reduction that reads it; [all tokens, 2^26 / tokens] blocks go out to
+# memory and back, at about half the rate (docs/performance/encode.md, "CPU").
 # On a GPU the limit is launches, not cache: blocks of up to 2^26 elements (256 MB in float32).
 _BLOCK_TOKENS = 2048
 _BLOCK_VOCAB = 512

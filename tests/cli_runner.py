@@ -1,5 +1,5 @@
 """`lsr-index` run inside the test process, through click's CliRunner: the same command code, parsing and error
-handling, without the ~5 s of torch and transformers imports that each new process pays on 2 cores.
+handling, without the seconds of torch and transformers imports that each new process pays.
 
 Tests whose subject is the process itself (kills, signals, orphans, a terminal, which modules a run imports) start
 real processes instead; so does the README's pipeline test.

@@ -111,8 +111,8 @@ def test_every_term_is_indexed_with_its_impact(tmp_path, fmt):
 
 
 def test_no_more_writer_processes_than_cores(tmp_path, monkeypatch):
-    """Each writer is a JVM: --threads above the cores available starts one per core (it started one per document
-    range, up to one per document), and the index holds every document."""
+    """Each writer is a JVM: --threads above the cores available starts one per core (not one per document range,
+    up to one per document), and the index holds every document."""
     monkeypatch.setattr(build, "host_cores", lambda: 2)
     write_vectors(tmp_path / "vectors", VOCAB, DOCS, "jsonl")
     info = build.build_index(tmp_path / "vectors", tmp_path / "index", threads=len(DOCS), progress=False)
@@ -166,7 +166,8 @@ def _tree(path: Path) -> list[str]:
 
 
 def test_overwrite_never_replaces_the_directory_holding_the_vectors(tmp_path):
-    """`lsr-index -w r build --index r --overwrite` used to delete r/vectors, r/runs and all of r."""
+    """`lsr-index -w r build --index r --overwrite` names the work directory as the index: replacing it would delete
+    r/vectors, r/runs and all of r."""
     work = tmp_path / "r"
     write_vectors(work / "vectors", ["a", "b"], [("d0", {0: 1}), ("d1", {1: 2})], "jsonl")
     (work / "runs").mkdir()
@@ -242,7 +243,7 @@ def test_the_progress_bar_counts_documents_against_the_manifest(tmp_path):
 @pytest.mark.parametrize("fmt", ["jsonl.gz", "parquet"])
 def test_a_manifest_that_miscounts_a_shard_is_refused_not_indexed_short(tmp_path, fmt):
     """The checksum proves a shard is the file encode wrote, not that the manifest's count of its records is: a
-    last shard listed with 1 document of its 3 was indexed as 1 (the other 2 dropped without a word)."""
+    last shard listed with 1 document of its 3 would be indexed as 1 (the other 2 dropped without a word)."""
     out = tmp_path / "vectors"
     write_vectors(out, ["a", "b"], [(f"d{i}", {0: 5, 1: i + 1}) for i in range(9)], fmt)
     body = json.loads((out / "manifest.json").read_text())
@@ -260,8 +261,8 @@ def test_a_manifest_that_miscounts_a_shard_is_refused_not_indexed_short(tmp_path
 
 @pytest.mark.parametrize("heap", ["512", "1m", "abc", "1.5g", "", "4g ", "100000000000000t"])
 def test_a_heap_the_jvm_cannot_take_is_one_line_before_any_writer(tmp_path, heap):
-    """`--heap 512` (bytes, as java reads it) ended in a ValueError traceback: the JVM's refusal on its stdout was
-    parsed as a progress count."""
+    """`--heap 512` (bytes, as java reads it): the JVM's refusal comes on its stdout, where a writer's progress counts
+    come, and read as one it would end in a ValueError traceback."""
     out = tmp_path / "vectors"
     write_vectors(out, ["a"], [("d0", {0: 5})], "jsonl")
     done = subprocess.run([*LSR, "build", "--vectors", str(out), "--index", str(tmp_path / "index"), "--heap", heap],

@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.lucene, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def vectors(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("faults") / "vectors"
-    synthetic_vectors(out, docs=40_000, terms=30, shard_docs=10_000)  # two writers: ~10 s each on 2 cores
+    synthetic_vectors(out, docs=40_000, terms=30, shard_docs=10_000)  # two writers, each busy long enough to be hit
     return out
 
 
@@ -32,7 +32,8 @@ def _writers(pid: int) -> list[int]:
 
 
 def _start(vectors: Path, index: Path) -> tuple[subprocess.Popen, list[int]]:
-    """`lsr-index build` in a session of its own (as a terminal runs it), returned once both writers write."""
+    """`lsr-index build` leading a process group of its own (as a terminal runs it), returned once both writers
+    write."""
     proc = subprocess.Popen([*LSR, "build", "--vectors", str(vectors), "--index", str(index), "--heap", "1g",
                              "--threads", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                             start_new_session=True)

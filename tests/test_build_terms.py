@@ -29,7 +29,7 @@ DELIMITERS = ["\x01", "\x02", "\x03", "\x08", "\x0e", "\x10", "|", "^", "~", "\u
 STRUCTURE = ['"', "\\", ":", ",", "{", "}", '":1,"', "\\u0000", "[", "]"]
 CONTROLS = ["\x00", "\x07", "\x1b", "\x7f", "\x9f"]
 MARKS = ["e\u0301", "\u0301", "\u0308\u0308", "\u200d", "🇫🇷", "👩\u200d💻"]
-ASTRAL = ["😀", "\uf600", "\U0010ffff", "\U000e0001"]  # pyjnius once kept only 16 bits of a character: not here
+ASTRAL = ["😀", "\uf600", "\U0010ffff", "\U000e0001"]  # past 16 bits, which a Java bridge must not cut
 LONG = ["x" * 255, "x" * 256, "x" * 254 + "😀", "é" * 16_383, "😀" * 8191, "a b" * 5000]
 
 
@@ -87,9 +87,9 @@ def test_the_direct_builder_indexes_every_term_as_written(tmp_path, fmt):
     check_searches(tmp_path / "index", VOCAB, docs)
 
 
-def test_whitespace_no_longer_splits_a_term_into_others(tmp_path):
-    """The reported case: a query for 'a b' found the document with 'a b' at 0 and the documents with 'a' or 'b'
-    through the fragments; now it finds exactly the documents holding 'a b'."""
+def test_whitespace_inside_a_term_never_splits_it_into_others(tmp_path):
+    """A term holding whitespace is one term: a query for 'a b' finds exactly the documents holding 'a b', at their
+    weight. Split into fragments, it would find the documents holding 'a' or 'b' instead, and 'a b' itself at 0."""
     vocab = ["a b", "a", "b", "a\u3000b", "a\nb"]
     docs = [("whole", {0: 5}), ("parts", {1: 7, 2: 11}), ("ideographic", {3: 13}), ("newline", {4: 17})]
     write_vectors(tmp_path / "vectors", vocab, docs, "jsonl.gz")

@@ -492,8 +492,8 @@ def test_string_array_holds_exactly_the_strings_pa_array_would(values):
 
 
 def test_reading_a_corpus_does_not_import_pandas(tmp_path):
-    """pyarrow imports pandas at its first conversion of a Python list, wherever pandas is installed: 0.3 s on the
-    path to an encode's first batch."""
+    """pyarrow imports pandas at its first conversion of a Python list, wherever pandas is installed: a noticeable
+    fraction of a second on the path to an encode's first batch."""
     path = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "x"}, {"id": "b", "text": "é"}])
     code = ("import sys; from lsr_index.inputs.corpus import CorpusReader; "
             f"assert [b.num_rows for b in CorpusReader({str(path)!r})] == [2]; print('pandas' in sys.modules)")

@@ -1,5 +1,5 @@
 """Encode stage: ownership of what it deletes and writes, validated settings, O(1) manifest updates per shard,
-resuming after a fixed or changed input, checkpoints inside a shard, truncation reported (issues 12, 18)."""
+resuming after a fixed or changed input, checkpoints inside a shard, truncation reported."""
 
 from __future__ import annotations
 
@@ -101,8 +101,8 @@ def test_overwrite_does_not_write_into_a_foreign_directory(tmp_path):
 
 @pytest.mark.parametrize("manifest", ['{"name": "x"}', "[1, 2]", "{damaged", None])
 def test_overwrite_refuses_a_directory_whose_manifest_is_not_an_encodes(tmp_path, manifest):
-    """A manifest.json that is not lsr-index's let --overwrite replace it, delete a file named like a shard and write
-    beside the user's data; a refused directory is left without even a lock file."""
+    """A manifest.json that is not lsr-index's must not let --overwrite replace it, delete a file named like a shard
+    and write beside the user's data: the directory is refused, and left without even a lock file."""
     out = tmp_path / "theirs"
     (out / "shards").mkdir(parents=True)
     (out / "shards" / "part-00000.jsonl").write_text("keep\n")
@@ -117,7 +117,8 @@ def test_overwrite_refuses_a_directory_whose_manifest_is_not_an_encodes(tmp_path
 
 
 def test_a_link_loop_among_the_inputs_is_named_not_a_traceback(tmp_path):
-    """The output's exclusion resolved every entry before the usual checks: a link loop raised RuntimeError."""
+    """Excluding the output resolves every input entry before the usual checks: a link loop there must be the usual
+    one-line refusal, not a RuntimeError traceback."""
     corpus = tmp_path / "c"
     corpus.mkdir()
     (corpus / "a.jsonl").write_text("\n".join(sample_lines(5)) + "\n")
@@ -129,9 +130,9 @@ def test_a_link_loop_among_the_inputs_is_named_not_a_traceback(tmp_path):
 
 
 def test_an_output_made_inside_the_corpus_directory_is_not_read_back(tmp_path):
-    """`cd corpus && lsr-index encode .` makes ./lsr-out among the corpus files: the rerun failed ("subdirectories of
-    a corpus directory are not searched"), and a pattern such as dir/**/*.json read the output's manifest.json as
-    input (52 bad records, skipped without a word under --on-error skip)."""
+    """`cd corpus && lsr-index encode .` makes ./lsr-out among the corpus files: read back, it would fail the rerun
+    ("subdirectories of a corpus directory are not searched"), and a pattern such as dir/**/*.json would read the
+    output's manifest.json as input (bad records, skipped without a word under --on-error skip)."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.json").write_text("\n".join(sample_lines(40)) + "\n")
@@ -290,8 +291,8 @@ def _broken_at_300(corpus: Path) -> list[str]:
 
 
 def test_a_recorded_shard_lost_or_damaged_since_is_encoded_again(tmp_path):
-    """A resume checked the recorded parts' input, not their files: a deleted shard stayed listed and the run
-    ended "complete" over the gap."""
+    """A resume checks the recorded parts' files as well as their input: checked on input alone, a deleted shard
+    would stay listed and the run end "complete" over the gap."""
     corpus = tmp_path / "c.jsonl"
     lines = _broken_at_300(corpus)
     with pytest.raises(LsrIndexError, match=r"c\.jsonl:300"):
@@ -311,8 +312,8 @@ def test_a_recorded_shard_lost_or_damaged_since_is_encoded_again(tmp_path):
 
 
 def test_a_damaged_checkpoint_is_encoded_again_from_where_it_starts(tmp_path):
-    """Recorded chunks were concatenated into the shard unchecked: a half chunk made a "complete" shard that
-    decompressed only in part."""
+    """Recorded chunks are checked before they are joined into the shard: joined unchecked, a half chunk would make
+    a "complete" shard that decompresses only in part."""
     corpus = tmp_path / "c.jsonl"
     lines = [json.dumps({**json.loads(line), "id": f"{k}-{n}"}) for k in range(2) for n, line in
              enumerate(sample_lines())]  # 800: two pieces of 256 encoded (and checkpointed) before the bad record
@@ -334,8 +335,8 @@ def test_a_damaged_checkpoint_is_encoded_again_from_where_it_starts(tmp_path):
 
 
 def test_a_run_stopped_at_a_bad_record_resumes_under_on_error_skip(tmp_path):
-    """The error says "rerun with --on-error skip"; that rerun refused the partial encoding as made with other
-    input and asked for --overwrite, which discards the shards before the bad record."""
+    """The error says "rerun with --on-error skip"; that rerun keeps the shards encoded before the bad record, rather
+    than refusing them as made from other input and asking for --overwrite, which would discard them."""
     corpus = tmp_path / "c.jsonl"
     _broken_at_300(corpus)
     with pytest.raises(LsrIndexError, match=r"c\.jsonl:300.*--on-error skip"):
@@ -477,12 +478,11 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
 
 
 def test_cpu_encoding_reuses_its_large_blocks_instead_of_faulting_them_in(tmp_path):
-    """CPU encoding frees and reallocates blocks of tens of MB per batch (the body's activations; the LM head's
-    logits blocks did too before they were cut to cache size): served by mmap, every block faulted in fresh pages
-    (a third of CPU encode time was system time). A second encode in the same process, once the blocks exist, must
-    fault in far fewer pages than the ~30 per token that mmap'd blocks cost: at most 8 (runs measured 0.6–4.4: a
-    thread that lands in a fresh malloc arena faults its blocks in once). Counted in a fresh process: the faults of a
-    process that ran other tests first are not this encoder's."""
+    """CPU encoding frees and reallocates blocks of tens of MB per batch (the body's activations): served by mmap, every
+    block would fault in fresh pages, and system time would be a large share of a CPU encode. A second encode in the
+    same process, once the blocks exist, must fault in far fewer pages than the ~30 per token that mmap'd blocks cost:
+    at most 8, not 0 (a thread that lands in a fresh malloc arena faults its blocks in once). Counted in a fresh
+    process: the faults of a process that ran other tests first are not this encoder's."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("\n".join(sample_lines(128)) + "\n")
     code = f"""
@@ -632,8 +632,8 @@ def test_a_closed_prefetch_stops_reading_and_its_thread_ends():
 
 @pytest.mark.slow
 def test_sigterm_saves_what_is_recorded_says_so_and_the_rerun_continues(tmp_path):
-    """A scheduler's SIGTERM ended the process where it stood: no message, and the parts recorded since the last
-    once-a-second save were lost (their files deleted as leftovers by the rerun)."""
+    """A scheduler's SIGTERM does not end the process where it stands: it says so and saves the parts recorded since
+    the last once-a-second save, which would otherwise be lost (their files deleted as leftovers by the rerun)."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({**json.loads(line), "id": f"{k}-" + json.loads(line)["id"]}) + "\n"
                               for k in range(4) for line in sample_lines()))
@@ -660,8 +660,8 @@ def test_sigterm_saves_what_is_recorded_says_so_and_the_rerun_continues(tmp_path
 
 @pytest.mark.slow
 def test_ctrl_c_once_the_encoding_is_complete_prints_no_traceback(tmp_path):
-    """A Ctrl-C after the manifest said complete reached torch's exit handlers as a KeyboardInterrupt: 'Exception
-    ignored in atexit callback … KeyboardInterrupt' (3 of 6 tries), or exit -2."""
+    """A Ctrl-C once the manifest says complete must not reach torch's exit handlers as a KeyboardInterrupt, which
+    prints 'Exception ignored in atexit callback … KeyboardInterrupt': the run ends without a traceback."""
     out = tmp_path / "v"
     proc = subprocess.Popen([sys.executable, "-m", "lsr_index", "--quiet", "encode", str(SAMPLE), "-o", str(out),
                              "--doc-max-length", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -676,9 +676,9 @@ def test_ctrl_c_once_the_encoding_is_complete_prints_no_traceback(tmp_path):
 
 
 def test_a_stopped_command_ends_with_its_status_under_python_m(tmp_path):
-    """Under `python -m`, a SIGTERM landing in code run from a string (the dataclasses the imports make) left
-    CPython's "unhandled Ctrl-C" mark set: the process printed its message, then killed itself with SIGINT (status
-    -2, not 143), 4 of 40 times at start-up."""
+    """Under `python -m`, a SIGTERM landing in code run from a string (the dataclasses the imports make) can leave
+    CPython's "unhandled Ctrl-C" mark set: the process would print its message, then kill itself with SIGINT (status
+    -2, not 143), now and then at start-up."""
     (tmp_path / "stopped_stage.py").write_text(textwrap.dedent("""
         import signal
         import click
@@ -697,7 +697,7 @@ def test_a_stopped_command_ends_with_its_status_under_python_m(tmp_path):
 
 
 def test_the_summary_gives_the_commands_whole_time_beside_the_encode_clock(tmp_path, splade_tiny):
-    """The encode clock starts after the imports and the plan (~7 s on a GPU host), which a user waits for too."""
+    """The encode clock starts after the imports and the plan (seconds of their own), which a user waits for too."""
     import re
 
     done = run_cli("encode", str(SAMPLE), "-o", str(tmp_path / "v"), "--doc-max-length", "16")

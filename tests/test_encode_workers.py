@@ -55,7 +55,8 @@ def workers_of(parent: subprocess.Popen) -> list[int]:
 
 
 def big_corpus(tmp_path: Path) -> Path:
-    """The sample 50 times over (20,000 documents, ids made unique): minutes of work on 2 cores."""
+    """The sample 50 times over (20,000 documents, ids made unique): enough work that the workers are still encoding
+    when a test kills one of them or their parent."""
     lines = SAMPLE.read_text().splitlines()
     corpus = tmp_path / "big.jsonl"
     corpus.write_text("".join(line.replace('{"id": "', f'{{"id": "{copy}-', 1) + "\n"
@@ -115,7 +116,7 @@ UNREADABLE_JOB = textwrap.dedent("""
 
 
 def test_a_job_a_worker_cannot_read_is_one_line_that_says_why(tmp_path):
-    """Not "died; rerun": a rerun would fail the same way."""
+    """One line saying why, not "died; rerun": a rerun would fail the same way."""
     script = tmp_path / "unreadable.py"
     script.write_text(UNREADABLE_JOB)
     run = subprocess.run([sys.executable, str(script), str(SAMPLE), str(tmp_path / "vectors")], capture_output=True,

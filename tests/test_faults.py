@@ -40,7 +40,7 @@ LSR = [sys.executable, "-m", "lsr_index", "--quiet"]
 ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-# --- helpers -----------------------------------------------------------------------------------------
+# --- shared set-up -----------------------------------------------------------------------------------
 
 def synthetic_vectors(out: Path, docs: int, terms: int = 20, max_impact: int = 60, shard_docs: int = 5000,
                       fmt: str = "jsonl") -> Manifest:
@@ -143,7 +143,7 @@ def test_build_killed_midway_publishes_nothing_and_a_rerun_succeeds(splade_tiny,
     and the java indexer does not outlive the build; the next build cleans up and indexes every document.
     While a build runs, a second build of the same index and an encode into its vectors are refused."""
     vectors, index = tmp_path / "vectors", tmp_path / "index"
-    manifest = synthetic_vectors(vectors, docs=40_000, terms=30, shard_docs=10_000)  # java: ~5 s on 2 cores
+    manifest = synthetic_vectors(vectors, docs=40_000, terms=30, shard_docs=10_000)  # java still busy when killed
     before = (vectors / MANIFEST).read_bytes()
     from lsr_index.engines.lucene.build import build_index
 

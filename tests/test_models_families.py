@@ -99,7 +99,7 @@ def test_only_what_the_packed_attention_computes_is_packed():
     assert not packed.packs(body("bert", hidden_size=36), "cuda", torch.bfloat16)  # 2 heads of 18
 
 
-@pytest.mark.slow  # about 7 s each under the interpreter
+@pytest.mark.slow  # seconds each under the interpreter
 @needs_interpreter
 @pytest.mark.parametrize("kind", KINDS)
 def test_family_triton_kernel_equals_the_full_masked_lm(kind, tmp_path):
@@ -260,9 +260,9 @@ def sparse_encoder_reference(directory, mlm, tokenizer, texts: list[str], task: 
                                    {"max_seq_length": 128, "document_length": 100, "query_length": 16}],
                          ids=["max_seq_length", "document_and_query_lengths"])
 def test_a_sparse_encoder_directory_is_encoded_at_its_own_lengths(tmp_path, saved):
-    """A SparseEncoder saved with max_seq_length 128 was encoded at 256 (--doc-max-length's default) and its
-    document_length / query_length ignored, without a word: its own lengths are now what `ModelRef.lengths` gives
-    for the encode defaults, the vectors at them equal the reference client's, and any other length given is said
+    """A SparseEncoder saved with max_seq_length 128 must not be encoded at 256 (--doc-max-length's default), nor its
+    document_length / query_length ignored without a word: its own lengths are what `ModelRef.lengths` gives for
+    the encode defaults, the vectors at them equal the reference client's, and any other length given is said
     in one line."""
     path, mlm, tokenizer = save_masked_lm("bert", tmp_path, pickled=False, positions=300)
     sentence_transformers_dir(path, {"pooling_strategy": "max", "activation_function": "relu"})

@@ -162,8 +162,9 @@ def test_hostile_pickle_through_the_cli_is_one_line(tiny_copy, tmp_path):
                                             (pickle.dumps({"w": torch.zeros(2)}, protocol=4), "a plain Python pickle"),
                                             (pickle.dumps({"w": torch.zeros(2)}, protocol=2), "a plain Python pickle")])
 def test_a_file_torch_save_did_not_write_is_one_refusal_line(tiny_copy, capfd, data, what):
-    """A plain `pickle.dump` printed two lines of PyTorch's warnings, then "not a readable PyTorch weights file
-    (Unsupported operand 149)", which reads as damage: it is a refusal, said once, before torch reads it."""
+    """Handed to torch, a plain `pickle.dump` prints two lines of PyTorch's warnings, then "not a readable PyTorch
+    weights file (Unsupported operand 149)", which reads as damage: it is a refusal, said once, before torch reads
+    it."""
     (tiny_copy / "model.safetensors").unlink()
     (tiny_copy / "pytorch_model.bin").write_bytes(data)
     capfd.readouterr()

@@ -46,7 +46,7 @@ def corpus(tmp_path_factory) -> Path:
 def long_corpus(tmp_path_factory) -> tuple[Path, Path]:
     """160 documents in 32 shards, and their single-machine output (the same command in this process): enough
     shards that a node whose encoder starts later still gets some, and a run that outlasts the manifest's
-    one-second save interval by several saves, so that a driver killed after the first listed shard still had
+    one-second save interval by several saves, so that a driver killed after the first listed shard still has
     work left."""
     corpus = _corpus(tmp_path_factory.mktemp("long"), 160)
     reference = tmp_path_factory.mktemp("long-ref") / "v"
@@ -190,8 +190,8 @@ def test_a_killed_driver_resumes(cluster, long_corpus, killed_driver, rerun_on):
 
 
 def test_an_address_where_nothing_listens_is_one_line(corpus, tmp_path):
-    """A cluster address where nothing listens: one line at once. ray.init retried it for minutes (20 tries of ~35 s),
-    printing Ray's connection warnings; the timeout only bounds a hang."""
+    """A cluster address where nothing listens: one line at once. ray.init would retry it for minutes (20 tries of
+    ~35 s), printing Ray's connection warnings; the timeout only bounds a hang."""
     pytest.importorskip("ray")
     import socket
 
@@ -215,8 +215,8 @@ def _group(pgid: int) -> list[int]:
 @pytest.mark.slow
 def test_sigterm_while_a_new_local_cluster_starts_leaves_nothing(corpus, tmp_path):
     """SIGTERM while ray.init starts the local cluster (its raylet is up, its agents starting): exit 143 with the
-    resume line, and none of the cluster's processes left. Ray's handler made it exit 15 without a word, and left the
-    node's agents running a minute after the driver had ended."""
+    resume line, and none of the cluster's processes left. Left to Ray's handler, it would exit 15 without a word, and
+    the node's agents would still run a minute after the driver had ended."""
     pytest.importorskip("ray")
     proc = subprocess.Popen(lsr(str(corpus), "-o", str(tmp_path / "v"), *SETTINGS, "--ray", "local", "--ray-cpus",
                                 "1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -242,7 +242,7 @@ def test_sigterm_while_a_new_local_cluster_starts_leaves_nothing(corpus, tmp_pat
 @pytest.mark.slow
 def test_sigterm_on_a_cluster_saves_ends_its_encoders_and_resumes(cluster, long_corpus, tmp_path):
     """SIGTERM of a driver connected to a running cluster, mid-encode: exit 143 with the resume line (ray.init's own
-    SIGTERM handler made it exit 15, under a stack dump of Ray's C++ core), the cluster's nodes live on, this job's
+    SIGTERM handler would exit 15, under a stack dump of Ray's C++ core), the cluster's nodes live on, this job's
     encoders end, and the rerun resumes to one machine's output."""
     corpus, reference = long_corpus
     out = tmp_path / "v"
@@ -270,11 +270,11 @@ def test_sigterm_on_a_cluster_saves_ends_its_encoders_and_resumes(cluster, long_
 
 @pytest.mark.slow
 def test_an_encoder_whose_node_left_before_it_was_placed_is_lost_not_fatal(cluster, long_corpus, tmp_path):
-    """A node still listed alive when the run plans its encoders (Ray learns of a death only after missed health
-    checks) but gone when its encoder is placed: that encoder is lost, the others encode everything, both of them
-    (the cluster's output equals one machine's). A run started right after a node was removed failed here with a
-    traceback (ActorUnschedulableError). A node id that no node has stands for the departed node; the driver runs in
-    this process (the killed-driver test's cluster rerun is the CLI's `--ray` run start to end)."""
+    """A node still listed alive when the run plans its encoders (Ray learns of a death only after missed health checks)
+    but gone when its encoder is placed: that encoder is lost, the others encode everything, both of them (the cluster's
+    output equals one machine's), where a run started right after a node's removal would otherwise end in a traceback
+    (ActorUnschedulableError). A node id that no node has stands for the departed node; the driver runs in this process
+    (the killed-driver test's cluster rerun is the CLI's `--ray` run start to end)."""
     from lsr_index.encode.cluster import RayCluster
     from lsr_index.encode.job import EncodeJob, EncodeOptions
 

@@ -1,4 +1,4 @@
-"""Resume safety found by review: settings that change shard layout, orphaned workers, stuck directories."""
+"""Resume safety: settings that change shard layout, orphaned workers, stuck directories."""
 
 from __future__ import annotations
 

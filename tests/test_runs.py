@@ -26,8 +26,8 @@ def test_eval_reads_both_run_formats_that_search_writes(tmp_path):
 
 @pytest.mark.parametrize("relevant", ["a", "b", "c"])
 def test_every_measure_breaks_score_ties_as_trec_eval_does(relevant):
-    """Tied documents rank by id descending for every measure, as trec_eval (pytrec_eval) ranks them: MRR@10 once
-    kept the run's order while nDCG@10 and MAP sorted the ties, so one relevant document had two ranks."""
+    """Tied documents rank by id descending for every measure, as trec_eval (pytrec_eval) ranks them: a measure that
+    keeps the run's order while the others sort the ties would give one relevant document two ranks."""
     import pytrec_eval
 
     from lsr_index.evaluate import evaluate
@@ -92,8 +92,8 @@ def test_read_run_refuses_what_would_skew_the_metrics(tmp_path, content, line, m
     ([("x", float("nan"))], "query 'q1' has a score that is not a finite number"),
 ])
 def test_a_run_that_eval_would_refuse_is_never_written(tmp_path, fmt, ranked, message):
-    """`search --qrels` reads back what it wrote: a run it could not read was left behind, with the error; now it is
-    refused before a byte is written, and an older run under that name is kept."""
+    """`search --qrels` reads back what it wrote: a run it could not read would be left behind with the error, so it
+    is refused before a byte is written, and an older run under that name is kept."""
     from lsr_index.runs import write_run
 
     path = tmp_path / f"q.{fmt}.gz"

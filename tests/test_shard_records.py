@@ -82,8 +82,8 @@ def test_parquet_refuses_a_term_given_twice(tmp_path):
 @pytest.mark.parametrize("builder", ["direct", "anserini"])
 @pytest.mark.parametrize("line", [COMPACT, SPACED, ESCAPED, FIELDS, "parquet"])
 def test_both_builders_refuse_a_record_naming_a_term_twice(tmp_path, builder, line):
-    """The compact line is what the direct builder's fast path reads without a parse (it summed the two impacts,
-    3, where the spaced line read 2): the postings it made are checked against the records' term counts."""
+    """The compact line is what the direct builder's fast path reads without a parse (unchecked, it would sum the two
+    impacts, 3, where the spaced line reads 2): the postings it makes are checked against the records' term counts."""
     if line == "parquet":
         shard = raw_vectors(tmp_path / "v", rows=[("fine", ["a"], [1]), ("twice", ["a", "b", "a"], [1, 5, 2])])
         place = f"{shard}: row 2"

@@ -34,7 +34,8 @@ def test_a_term_lucene_cannot_index_refuses_the_vocabulary_naming_it(term, named
 
 @pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz"])
 def test_the_serializer_processes_get_every_term_as_it_is(fmt):
-    """The vocabulary went to them joined by newlines: a term holding one shifted every later term."""
+    """The vocabulary goes to them whole, not joined by newlines, where a term holding one would shift every later
+    term."""
     vocab = np.array(SPACED, dtype=object)
     vectors = SparseVectors(np.array([0, 4, 11], np.int64), np.array([0, 1, 2, 3, *range(11)], np.int32),
                             np.arange(1, 16, dtype=np.int32))

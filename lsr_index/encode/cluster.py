@@ -63,9 +63,9 @@ def check_address(address: str) -> str | None:
 
 
 def _reachable(address: str | None) -> None:
-    """Refuse at once an address where nothing listens: ray.init retried it for minutes (20 tries of ~35 s), printing
+    """Refuse at once an address where nothing listens: ray.init retries it for minutes (20 tries of ~35 s), printing
     Ray's connection warnings. A TCP connect to the cluster's GCS port, the address ray.init would use (found with
-    Ray's private helpers: a Ray without them skips this check, not the run)."""
+    Ray's private functions: a Ray without them skips this check, not the run)."""
     try:
         from ray._private.services import canonicalize_bootstrap_address, parse_address
     except ImportError:

@@ -106,8 +106,8 @@ def reads_in_a_process(device: str) -> bool:
 
 
 def serialized_tokenizer(tokenizer: TextTokenizer) -> str | None:
-    """The Rust tokenizer as JSON for the input process, or None if it holds Python parts (0.3 s of the GIL for
-    XLM-R's 250k pieces, taken while the model loads in its own thread)."""
+    """The Rust tokenizer as JSON for the input process, or None if it holds Python parts (a noticeable fraction of a
+    second of the GIL at XLM-R's 250k pieces, taken while the model loads in its own thread)."""
     try:
         return tokenizer.backend.to_str()
     except Exception:  # tokenizers raises a plain Exception for a custom pre-tokenizer

@@ -63,16 +63,16 @@ class ShardEncoder:
     """The model on one device, loaded once: a local worker runs it once, a cluster's actor once per shard.
 
     The weights load in a background thread while `run` already reads and tokenizes the first pieces (the
-    tokenizer and the vocabulary come first, from the tokenizer files): ~1 s of model load and ~1 s of the first
-    piece used to follow each other before the first batch."""
+    tokenizer and the vocabulary come first, from the tokenizer files): the model's load and the first piece's
+    reading, each about as long, overlap instead of adding up before the first batch."""
 
     def __init__(self, job: EncodeJob, device: str, cores: int, reads_input: bool = True):
         """`reads_input=False`: every run gets its pieces from the caller (a cluster's driver reads the input)."""
         if not device.startswith("cuda"):
             _reuse_freed_memory()
         self.pool: SerializerPool | None = None
-        # the input process starts first: its interpreter and imports (~0.4 s) pass while the tokenizer, the
-        # vocabulary and the serializers are made here; `run` hands it its work
+        # the input process starts first: its interpreter and imports (a fraction of a second) pass while the
+        # tokenizer, the vocabulary and the serializers are made here; `run` hands it its work
         self.input_child = input_child() if reads_input and reads_in_a_process(device) else None
         try:
             self._setup(job, device, cores)
@@ -212,20 +212,18 @@ class ShardEncoder:
 def _expandable_cuda_memory() -> None:
     """Let PyTorch's CUDA allocator grow segments instead of caching fixed-size blocks, unless the user set its
     options. Every length bucket has its own shape, and so do its activations and its [batch, vocabulary] output:
-    fixed blocks fragment, and the allocator frees and allocates (cudaFree waits for the GPU). Same H200 host, two
-    rounds: BERT-base 131k end to end 17,988 / 17,477 → 19,759 / 18,666 docs/s (benchmarks/NOTES_encode.md). Read at
-    the allocator's first use: a process that used CUDA memory before keeps its settings."""
+    fixed blocks fragment, and the allocator frees and allocates (cudaFree waits for the GPU); what growing segments
+    gain end to end: docs/performance/encode.md, "Changes kept". Read at the allocator's first use: a process that
+    used CUDA memory before keeps its settings."""
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
 def _reuse_freed_memory() -> None:
-    """On CPU each batch allocates and frees blocks of tens of MB (the body's activations; the LM head's [tokens,
-    vocabulary chunk] blocks of up to 256 MB did too, before they were cut to cache size: kernels/reference.py). glibc
-    serves blocks past 32 MB with mmap and unmaps them on free, so each block faulted in ~65,000 fresh zeroed pages:
-    a quarter to a third of CPU encode time was system time (SciFact, 300 documents on 2 cores: 2.5 M minor faults,
-    7.5 s system of 30 s). Serving large blocks from the heap and keeping it across frees reuses those pages
-    (1.07 M faults, 3.8 s system, the same user time and bytes; set at process start through MALLOC_MMAP_MAX_=0 the
-    same tuning gave 0.41 M and 2.0 s; all measured with the head's old blocks)."""
+    """On CPU each batch allocates and frees blocks of tens of MB (the body's activations). glibc serves blocks past
+    32 MB with mmap and unmaps them on free, so every such block faults in thousands of fresh zeroed pages, and system
+    time becomes a large share of a CPU encode. Serving large blocks from the heap and keeping it across frees reuses
+    those pages, for the same user time and bytes (tests/test_encode_robustness.py counts the faults).
+    MALLOC_MMAP_MAX_=0 in the environment does the same from process start, and saves more."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc: nothing to tune

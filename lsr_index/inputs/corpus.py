@@ -298,8 +298,9 @@ def _document(fields: Fields, max_chars: int | None, record: Any) -> tuple[str, 
 
 def string_array(values: Sequence[str]) -> pa.Array:
     """Python strings as an Arrow string array, from their UTF-8 bytes. `pa.array` on a list would do the same, but
-    its first call imports pandas (to ask whether the list is a pandas object): 0.3 s inside the first batch of
-    every run, on the path to the first forward pass, wherever pandas is installed (Pyserini installs it)."""
+    its first call imports pandas (to ask whether the list is a pandas object): a noticeable fraction of a second
+    inside the first batch of every run, on the path to the first forward pass, wherever pandas is installed
+    (Pyserini installs it)."""
     if all(map(str.isascii, values)):  # characters are bytes: lengths come free, one encode of the whole batch
         data, parts = "".join(values).encode(), values
     else:
@@ -346,7 +347,7 @@ def _jsonl_records(unit: Unit, repeated: RepeatedField, counter: _Lines) -> Iter
                     if line.strip():  # blank lines separate nothing and are not records
                         yield line_no, _json_problem(line, e)
                     continue
-                # RepeatedField's first test, here too: a call per line costs the reader's loop 0.4 µs
+                # RepeatedField's first test, here too: a function call per line is a cost the reader's loop can see
                 twice = type(record) is dict and line.count(b":") > len(record) and repeated(line, record)
                 if twice:
                     yield line_no, _Bad(f"field {twice!r} appears more than once in the object",

@@ -110,7 +110,8 @@ class ModelRef:
 
     def terms(self) -> tuple[list[str], list[int]]:
         """The model's vocabulary as its tokenizer gives it (model.tokens.tokenizer_terms), made once for this
-        reference (0.3 s for 250k terms; the manifest, the encoder and the serializers all need it); fresh lists."""
+        reference (a noticeable fraction of a second at 250k terms; the manifest, the encoder and the serializers all
+        need it); fresh lists."""
         if "terms" not in self._loaded:
             from lsr_index.model.tokens import tokenizer_terms
 

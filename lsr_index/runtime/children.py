@@ -32,9 +32,9 @@ def end_with_stdin() -> None:
 
 # A child's start: the parent's import path (as multiprocessing's spawn passes it), then its entry. Not
 # multiprocessing itself: its spawn re-runs the parent's main module in every child first. A script that imports
-# torch and transformers at its top delayed the input process's first piece by ~3 s, and eight serializers
-# importing it took the host's cores from the encoder for seconds (BERT-base end to end 16.8k → 21.0k docs/s on an
-# H100 without it: benchmarks/NOTES_encode.md); a script without a main guard would run itself again in each.
+# torch and transformers at its top delays the input process's first piece by seconds, and eight serializers
+# importing it take the host's cores from the encoder meanwhile (docs/performance/encode.md, "Changes kept"); a
+# script without a main guard would run itself again in each.
 # -P: no current directory on the path, where a user's struct.py would shadow the standard library's.
 _BOOT = """
 import os, pickle, sys
@@ -61,10 +61,10 @@ class PythonChild:
     parent's to handle, and the parent ends it), and its entry must end it when its stdin ends: when the parent
     closes it, or is gone.
 
-    `fork=True` starts it as a fork of this process instead of a new interpreter: it has this process's modules
-    imported already (torch and transformers: ~7 s in a fresh GPU worker on an H100 host, against ~1 s for the
-    rest of its start). Only where that is safe (encode.local._forks_workers): no other thread in this process, and no
-    CUDA in it."""
+    `fork=True` starts it as a fork of this process instead of a new interpreter: it has this process's modules imported
+    already (torch and transformers: most of a fresh GPU worker's start, docs/performance/encode.md, "Several GPUs of
+    one host"). Only where that is safe (encode.local._forks_workers): no other thread in this process, and no CUDA in
+    it."""
 
     def __init__(self, entry: str, what: str, fork: bool = False, capture: bool = False):
         """`capture`: what the child prints (a JVM's warnings, its last words before a crash) is kept, its last

@@ -118,10 +118,10 @@ def json_vector_line(doc_id: str, vector: dict[str, int]) -> bytes:
     return orjson.dumps({"id": doc_id, "contents": "", "vector": vector}) + b"\n"
 
 
-# documents per serialized block (one gzip member in .jsonl.gz): a piece's blocks go to the serializer processes
-# side by side, so the last piece of a run is serialized in a fraction of the time one process takes (a piece of
-# 8,192 documents: ~0.9 s on one core, the tail of every GPU run); fixed, so the bytes of a shard do not depend on
-# the machine or on how many processes serialized it
+# documents per serialized block (one gzip member in .jsonl.gz): a piece's blocks go to the serializer processes side by
+# side, so the last piece of a run is serialized in a fraction of the time one process takes (a whole piece in one
+# process would be the tail of every GPU run: docs/performance/encode.md, "Changes kept"); fixed, so the bytes of a
+# shard do not depend on the machine or on how many processes serialized it
 SERIALIZE_DOCS = 1024
 
 

@@ -50,10 +50,10 @@ from lsr_index.vectors.unique import repeated_id
 
 BUILDERS = ("direct", "anserini")
 # Each writer has fixed costs (a JVM start, a final flush, its sub-index copied in) that a small share does not
-# repay: in benchmarks/bench_build.py on 2 cores, 12k documents (3M postings) built in 3.36 s on two writers
-# against 2.46 s on one, 200k (49M) 1.57x faster on two. By default a writer is added per this many postings,
-# a point between those two. Each writer is a JVM busy on one core, so none beyond the cores available (an
-# explicit --threads 200 started 200 JVMs of ~100 MB each).
+# repay: a few million postings build slower on two writers than on one, tens of millions markedly faster
+# (benchmarks/bench_build.py; docs/benchmarks.md, "The Lucene build"). By default a writer is added per this many
+# postings, a point between those two. Each writer is a JVM busy on one core, so none beyond the cores available
+# (uncapped, --threads 200 would start 200 JVMs of ~100 MB each).
 _MIN_POSTINGS_PER_WRITER = 7_500_000
 
 
