@@ -1,11 +1,11 @@
 """lsr-index from Python: the stages the command line runs, as functions over the same typed records.
 
-    import lsr_index
-    manifest = lsr_index.encode("corpus.jsonl", "out/vectors")          # → vectors.manifest.Manifest
-    record = lsr_index.build("out/vectors", "out/index")                # → engines.index.IndexRecord
-    run = lsr_index.search("out/index", [("q1", "sleep and memory")])   # → {qid: [(docid, score), ...]}
-    lsr_index.evaluate(run, lsr_index.read_qrels("qrels.tsv"))         # → {"nDCG@10": ..., ...}
-    lsr_index.encode_texts(["a passage"])                               # → [{term: impact}, ...]
+    from lsr_index import api
+    manifest = api.encode("corpus.jsonl", "out/vectors")          # → vectors.manifest.Manifest
+    record = api.build("out/vectors", "out/index")                # → engines.index.IndexRecord
+    run = api.search("out/index", [("q1", "sleep and memory")])   # → {qid: [(docid, score), ...]}
+    api.evaluate(run, api.read_qrels("qrels.tsv"))                # → {"nDCG@10": ..., ...}
+    api.encode_texts(["a passage"])                               # → [{term: impact}, ...]
 
 Errors a user can cause raise `LsrIndexError` (one clear line); nothing here prints unless `progress` is set.
 """
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.timeline import mark
-from lsr_index.settings import DEFAULTS, DTYPE, MAX_TOKENS
+from lsr_index.settings import CPU_PIECE_DOCS, DEFAULTS, DTYPE, MAX_TOKENS
 
 if TYPE_CHECKING:
     from lsr_index.model.ref import ModelRef
@@ -66,13 +66,17 @@ def encode(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str 
            output_format: str = DEFAULTS["output_format"], scale: float = DEFAULTS["scale"], top_k: int | None = None,
            min_weight: float = DEFAULTS["min_weight"], id_field: str | None = None,
            text_fields: Sequence[str] | None = None, on_error: str = "fail",
-           checkpoint_seconds: float = DEFAULTS["checkpoint_seconds"], backend: str = DEFAULTS["backend"],
-           overwrite: bool = False, progress: bool = False, ray: str | None = None, ray_cpus: int = 4,
-           completing: Callable[[], AbstractContextManager] = nullcontext):
+           checkpoint_seconds: float = DEFAULTS["checkpoint_seconds"], threads: int | None = None,
+           backend: str = DEFAULTS["backend"], overwrite: bool = False, progress: bool = False,
+           ray: str | None = None, ray_cpus: int = 4, completing: Callable[[], AbstractContextManager] = nullcontext):
     """Encode a corpus (files, directories or globs of JSONL, Arrow or Parquet) into impact vectors in `output`,
     resuming what an earlier run left there; returns the manifest. Lengths left unset are the model's own (a
-    SparseEncoder directory's saved lengths), else 256 and 64. `ray`: a Ray cluster's address ("" for the local
-    one) to encode on instead of this machine's devices."""
+    SparseEncoder directory's saved lengths), else 256 and 64. `threads`: each worker's compute threads on CPU
+    (default: the cores this process may use, divided among the workers). `ray`: a Ray cluster's address ("" for
+    the local one) to encode on instead of this machine's devices.
+
+    On a CPU shared with other work, set OMP_WAIT_POLICY=PASSIVE before torch is first imported (the command line
+    does): waiting threads then sleep instead of spinning on the cores the work needs."""
     from lsr_index.encode.job import EncodeJob, EncodeOptions
     from lsr_index.encode.run import encode as run_encode
     from lsr_index.inputs.corpus import Fields
@@ -100,7 +104,8 @@ def encode(inputs: str | os.PathLike | Sequence[str | os.PathLike], output: str 
                 doc_max_length=doc_max_length or own.document or DEFAULTS["doc_max_length"],
                 query_max_length=query_max_length or own_query.query or DEFAULTS["query_max_length"],
                 max_tokens=max_tokens or MAX_TOKENS["cuda" if gpu else "cpu"], shard_docs=shard_docs,
-                output_format=output_format, checkpoint_seconds=checkpoint_seconds,
+                output_format=output_format, checkpoint_seconds=checkpoint_seconds, threads=threads,
+                piece_docs=None if gpu else CPU_PIECE_DOCS,
                 quantization=Quantization(scale=scale, top_k=top_k, min_weight=min_weight), backend=backend,
                 overwrite=overwrite, progress=progress))
         if cluster is None:

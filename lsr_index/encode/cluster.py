@@ -139,9 +139,6 @@ class EncoderActor:
 
     def __init__(self, job: EncodeJob, device: str, threads: int, node: str):
         os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's pool, before its first use
-        import torch
-
-        torch.set_num_threads(threads)
         self.node, self.device, self.error, self.task, self.job = node, device, None, None, job
         try:
             self.task = ShardEncoder(job, device, threads, reads_input=False)

@@ -38,11 +38,13 @@ class EncodeOptions:
     backend: str = DEFAULTS["backend"]
     overwrite: bool = False
     progress: bool = True
-    checkpoint_seconds: float = DEFAULTS["checkpoint_seconds"]  # checkpointed at the first piece end past this
+    checkpoint_seconds: float = DEFAULTS["checkpoint_seconds"]  # checkpointed at a piece end before this passes
+    piece_docs: int | None = None  # documents encoded together; None: enough to fill a forward pass (a GPU's)
+    threads: int | None = None  # compute threads of a task on CPU; None: the cores this process may use
 
     def __post_init__(self) -> None:
         for name in ("doc_max_length", "query_max_length", "max_tokens", "shard_docs", "output_format", "backend",
-                     "checkpoint_seconds"):
+                     "checkpoint_seconds", "piece_docs", "threads"):
             check(name, getattr(self, name))
         if not isinstance(self.quantization, Quantization):
             raise LsrIndexError(f"quantization must be a Quantization, got {self.quantization!r}")
@@ -73,8 +75,9 @@ class EncodeJob:
 
     @property
     def window(self) -> int:
-        """Documents tokenized together and bucketed by length: large enough to fill a forward pass."""
-        return min(max(self.options.max_tokens // 16, 256), 16384)
+        """Documents tokenized, bucketed by length and written together (a piece's most). A GPU's fills its
+        forward passes; a CPU's is small, because a chunk is checkpointed only at a piece's end (CPU_PIECE_DOCS)."""
+        return self.options.piece_docs or min(max(self.options.max_tokens // 16, 256), 16384)
 
     @property
     def max_chars(self) -> int:

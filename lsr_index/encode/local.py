@@ -38,7 +38,7 @@ class LocalExecutor:
             ) -> list[WorkerResult]:
         assignment = plan.assignment()
         if len(self.devices) == 1:
-            with closing(ShardEncoder(job, self.devices[0], host_cores())) as encoder:
+            with closing(ShardEncoder(job, self.devices[0], job.options.threads or host_cores())) as encoder:
                 return [encoder.run(plan.out, assignment, units, plan.record, progress)]
         return _run_workers(job, plan, units, self.devices, progress)
 
@@ -67,12 +67,10 @@ def worker_main(out: BinaryIO) -> None:
         os._exit(1)
     units = RemoteUnits(lambda kind, *body: send(kind, worker, *body))
     threading.Thread(target=listen, args=(sys.stdin.buffer, units), daemon=True).start()
-    cores = max(1, host_cores() // workers)
-    # the Rust tokenizer's thread pool and torch's take every core by default: W workers would oversubscribe them
+    cores = job.options.threads or max(1, host_cores() // workers)
+    # the Rust tokenizer's thread pool takes every core by default: W workers would oversubscribe them (torch's
+    # threads are set where the model loads: ShardEncoder)
     os.environ.setdefault("RAYON_NUM_THREADS", str(cores))
-    import torch
-
-    torch.set_num_threads(cores)
     try:
         with closing(ShardEncoder(job, device, cores)) as encoder:
             result = encoder.run(output, assignment, units, emit=lambda part: send("part", part),

@@ -43,7 +43,7 @@ from lsr_index.vectors.manifest import (
     WorkerStats,
     written_by_encode,
 )
-from lsr_index.vectors.shards import SHARDS, concatenate, is_attempt, is_claims, is_ours, is_temporary, shard_file
+from lsr_index.vectors.shards import SHARDS, concatenate, is_attempt, is_ours, is_temporary, shard_file
 
 SKIPPED_REPORT = "skipped.jsonl"  # JSON lines: ids may hold tabs or quotes
 SAVE_EVERY = 1.0  # seconds between manifest saves while shards stream in
@@ -213,7 +213,7 @@ class Plan:
         m.shards, m.chunks = keep_shards, keep_chunks
 
     def _remove_leftovers(self) -> None:
-        """Shard files, chunks, temporaries, cluster attempts and workers' claims the manifest does not list: ours (by
+        """Shard files, chunks, temporaries, cluster attempts the manifest does not list: ours (by
         name), from a killed run."""
         listed = {p.file for p in [*self.manifest.shards, *self.manifest.chunks]}
         shards = self.out / SHARDS
@@ -221,7 +221,7 @@ class Plan:
         for entry in shards.iterdir():
             if is_ours(entry.name) and f"{SHARDS}/{entry.name}" not in listed and not entry.is_dir():
                 entry.unlink()
-            elif (is_attempt(entry.name) or is_claims(entry.name)) and entry.is_dir() and not entry.is_symlink():
+            elif is_attempt(entry.name) and entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
         for entry in self.out.glob(f".{MANIFEST}.*.tmp"):
             entry.unlink()
@@ -311,7 +311,7 @@ def _refuse_foreign(out: Path) -> None:
     def owned(path: Path) -> bool:
         if ours is None and path.name in (MANIFEST, SHARDS) and not path.is_symlink():
             return path.name == MANIFEST or (path.is_dir() and all(
-                is_ours(p.name) or is_temporary(p.name) or is_attempt(p.name) or is_claims(p.name)
+                is_ours(p.name) or is_temporary(p.name) or is_attempt(p.name)
                 for p in path.iterdir()))
         return _owned_top_level(path)
 

@@ -1,7 +1,8 @@
 """Where a task's vectors go: chunk files, written in piece order on a thread of their own, each a run of consecutive
 documents of one shard. A chunk ends at its shard's end, where the task's next piece does not follow it (another task
-encodes what lies between), and every `checkpoint_seconds`; each finished chunk is reported, and the plan publishes a
-shard once its chunks cover it (shards.concatenate gives the bytes one uninterrupted writer would have).
+encodes what lies between), and at the last piece end before `checkpoint_seconds` pass since its first document
+began encoding (what a crash or Ctrl-C can lose); each finished chunk is reported, and the plan publishes a shard
+once its chunks cover it (shards.concatenate gives the bytes one uninterrupted writer would have).
 """
 
 from __future__ import annotations
@@ -25,12 +26,13 @@ from lsr_index.vectors.shards import ShardWriter, blocks, chunk_file
 
 @dataclass
 class _Open:
-    """A chunk being written: its shard, its first document, and what its pieces add to its record."""
+    """A chunk being written: its shard, its first document, when its first piece began encoding, and what its pieces
+    add to its record."""
 
     shard: int
     start: int
     writer: ShardWriter
-    opened: float
+    began: float
     stats: PieceStats = field(default_factory=PieceStats)
 
     @property
@@ -52,16 +54,20 @@ class ChunkSink:
         self.pool = pool
         self.queue: queue.Queue = queue.Queue(maxsize=2 * serializers + 4)
         self.error: BaseException | None = None
+        self.last_done = 0.0  # when the last piece was put: pieces overlap, so a piece takes from then or its start
         self.thread = threading.Thread(target=self._work, name="sink", daemon=True)
         self.thread.start()
 
-    def put(self, piece: Piece, ids: list[str], vectors: SparseVectors, stats: PieceStats) -> None:
-        """Queue a piece's vectors."""
+    def put(self, piece: Piece, ids: list[str], vectors: SparseVectors, stats: PieceStats, started: float) -> None:
+        """Queue a piece's vectors; `started`: when its encoding began (time.monotonic)."""
         if self.error:
             raise self.error
         payload = [(self.pool.submit(block_ids, block, self.fmt), len(block_ids), block.nnz)
                    for block_ids, block in blocks(ids, vectors)] if self.pool else None
-        self.queue.put((piece, ids, vectors, payload, stats))
+        now = time.monotonic()
+        timing = (started, now, now - max(started, self.last_done))
+        self.last_done = now
+        self.queue.put((piece, ids, vectors, payload, stats, timing))
 
     def close(self, wait: bool = True) -> None:
         """After the last piece: the open chunk is finished and reported (`wait`), or dropped (a failed run)."""
@@ -87,13 +93,15 @@ class ChunkSink:
                 chunk.writer.abort()
 
     def _write(self, chunk: _Open | None, piece: Piece, ids: list[str], vectors: SparseVectors,
-               payload: list[tuple[Future, int, int]] | None, stats: PieceStats) -> _Open | None:
+               payload: list[tuple[Future, int, int]] | None, stats: PieceStats,
+               timing: tuple[float, float, float]) -> _Open | None:
+        started, done, took = timing
         if chunk is not None and (chunk.shard != piece.shard or chunk.end != piece.start):
             self.emit(self._finish(chunk))  # the piece does not follow it: another task encodes what lies between
             chunk = None
         if chunk is None:
             writer = ShardWriter(self.out / chunk_file(piece.shard, piece.start, self.fmt), self.fmt, self.vocab)
-            chunk = _Open(piece.shard, piece.start, writer, time.monotonic())
+            chunk = _Open(piece.shard, piece.start, writer, started)
         if payload is not None:
             for block, docs, nonzeros in payload:
                 chunk.writer.add_serialized(block.result(), docs, nonzeros)
@@ -101,7 +109,8 @@ class ChunkSink:
             chunk.writer.add(ids, vectors)
         chunk.stats.add(stats)
         shard_end = (piece.shard + 1) * self.job.options.shard_docs
-        if piece.end == shard_end or time.monotonic() - chunk.opened >= self.job.options.checkpoint_seconds:
+        # checkpointed now if the next piece, taking as long as this one, would end past the bound
+        if piece.end == shard_end or done + took - chunk.began >= self.job.options.checkpoint_seconds:
             self.emit(self._finish(chunk))
             return None
         return chunk

@@ -106,6 +106,9 @@ class ShardEncoder:
             from lsr_index.model.encoder import SpladeEncoder
             from lsr_index.model.load import load_model
 
+            # torch's own default is every core of the machine, not the cores this process may use: threads beyond
+            # those wait on each other at every parallel region
+            torch.set_num_threads(self.cores)
             with ThreadPoolExecutor(1, thread_name_prefix="kernel-prepare") as beside:
                 prepared = None
                 if self.device.startswith("cuda"):
@@ -173,7 +176,7 @@ class ShardEncoder:
         else:
             stream = Prefetch(tokenized_pieces(job, assignment, units, self.tokenizer,
                                                after_each=lambda: wait([self._encoder])), name="tokenize")
-        pending: dict[int, tuple[Piece, list[str], Tokens, PieceStats, list]] = {}
+        pending: dict[int, tuple[Piece, list[str], Tokens, PieceStats, list, float]] = {}
 
         def to_encode() -> Iterator[tuple[int, Tokens]]:
             nonlocal ready_at
@@ -181,7 +184,7 @@ class ShardEncoder:
                 if not ready_at:
                     ready_at = time.time()
                     mark(f"first piece on {self.device}")
-                pending[n] = (piece, ids, tokens, stats, [])
+                pending[n] = (piece, ids, tokens, stats, [], time.monotonic())
                 yield n, tokens
 
         try:
@@ -190,13 +193,13 @@ class ShardEncoder:
             sink = ChunkSink(out, job, self.vocab, emit, self.pool, self.serializers)
             quantizer = partial(quantize, q=options.quantization)
             for n, positions, part in encoder.encode_stream(to_encode(), quantizer):
-                piece, ids, tokens, stats, parts = pending[n]
+                piece, ids, tokens, stats, parts, started = pending[n]
                 if positions is not None:
                     parts.append((positions, part))
                     progress(len(positions), int(tokens.lengths[positions].sum()))
                     continue
                 del pending[n]
-                sink.put(piece, ids, SparseVectors.stack(parts, len(ids)), stats)
+                sink.put(piece, ids, SparseVectors.stack(parts, len(ids)), stats, started)
         except BaseException:
             stream.close()
             if sink is not None:

@@ -3,8 +3,7 @@
 This module alone knows the shard format and its file names: shard k is `shards/part-NNNNN.<fmt>`; while it
 is being encoded, its checkpoints are hidden chunk files `shards/.part-NNNNN.<start>.<fmt>.chunk`, concatenated
 into the shard when it ends (the same bytes as one uninterrupted write). On a cluster, each dispatch of shard k
-writes into its own directory `shards/.attempt-NNNNN-<token>/` first; the workers of one machine claim shards in
-`shards/.claims-<pid>/`, removed when they end. Every file is written under a hidden
+writes into its own directory `shards/.attempt-NNNNN-<token>/` first. Every file is written under a hidden
 temporary name, created new (never through a link, never over another file), and renamed only once complete
 and fsynced, so a crash never leaves a file that looks finished; its checksum then goes into the manifest.
 """
@@ -36,7 +35,6 @@ from lsr_index.vectors.quantize import Quantization, SparseVectors
 
 SHARDS = "shards"
 _ATTEMPT = ".attempt-"
-_CLAIMS = ".claims-"
 _SHARD_NAME = re.compile(r"part-\d{5,}\.(jsonl|jsonl\.gz|parquet)")
 
 
@@ -59,16 +57,6 @@ def attempt_dir(index: int, token: str) -> str:
 def is_attempt(name: str) -> bool:
     """A directory in the shards directory that only a cluster dispatch makes (or its doomed rename)."""
     return name.startswith(_ATTEMPT)
-
-
-def claims_dir(token: str) -> str:
-    """One run's shard claims among the workers of one machine (relative to the output directory)."""
-    return f"{SHARDS}/{_CLAIMS}{token}"
-
-
-def is_claims(name: str) -> bool:
-    """A directory in the shards directory that only a run's workers' claims make."""
-    return name.startswith(_CLAIMS)
 
 
 def is_ours(name: str) -> bool:
