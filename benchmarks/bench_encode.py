@@ -34,6 +34,10 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import csv_line, png_metadata, provenance, with_provenance  # noqa: E402
+
+PROVENANCE = provenance()  # before CUDA is initialized: read from nvidia-smi
 TARGET_NNZ = 200
 
 
@@ -447,8 +451,10 @@ def save(rows: list[dict], meta: dict, out: Path, name: str) -> None:
     """Rewritten after every row, so a run cut short still leaves what it measured."""
     meta["peak_host_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"encode_{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (out / f"encode_{name}.json").write_text(json.dumps(with_provenance({"meta": meta, "rows": rows}, PROVENANCE),
+                                                         indent=2))
     with open(out / f"encode_{name}.csv", "w", newline="") as f:
+        f.write(csv_line(PROVENANCE))
         fields = ["workload", "model", "system", "docs", "seconds", "docs_per_second", "peak_gpu_gb",
                   "nonzeros_per_doc", "bytes_on_disk", "cpu_user_seconds", "cpu_system_seconds"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
@@ -477,7 +483,7 @@ def plot(rows: list[dict], meta: dict, path: Path) -> None:
             ax.text(r["docs_per_second"], i, f" {r['docs_per_second']:,.0f}", va="center", fontsize=8)
     fig.suptitle(f"SPLADE encoding throughput on {meta['device']} (torch {meta['torch']}, triton {meta['triton']})")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=png_metadata(PROVENANCE))
 
 
 if __name__ == "__main__":
