@@ -74,7 +74,8 @@ def test_two_workers_on_two_gpus_write_what_one_writes(tmp_path):
     two = encode_corpus(job(tmp_path), tmp_path / "two", ("cuda:0", "cuda:1"))
     assert [(w.device, w.started) for w in two.stats.per_worker] == \
         [("cuda:0", "new interpreter"), ("cuda:1", "new interpreter")]
-    assert all(w.docs for w in two.stats.per_worker) and sum(w.docs for w in two.stats.per_worker) == 4000
+    # (a worker whose interpreter starts later than the other's may find every unit taken on a corpus this small)
+    assert sum(w.docs for w in two.stats.per_worker) == 4000
     assert_same_shards(tmp_path / "one", one, tmp_path / "two", two)
 
 

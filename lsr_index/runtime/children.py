@@ -49,7 +49,27 @@ except BaseException as exc:
     pickle.dump(("error", f"{sys.argv[3]} could not start: {type(exc).__name__}: {exc}"), out)
     out.flush()
     os._exit(1)
-entry(out)
+code = 1
+try:
+    entry(out)
+    code = 0
+except SystemExit as exc:
+    if exc.code is None or isinstance(exc.code, int):
+        code = exc.code or 0
+    else:
+        print(exc.code, file=sys.stderr)
+except BaseException:
+    import traceback
+    traceback.print_exc()
+finally:
+    for stream in (out, sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    # ended here, as a forked child ends: a daemon thread blocked reading stdin (the watch on the parent) holds its
+    # lock, and the interpreter's own shutdown would abort on it ("could not acquire lock ... at shutdown")
+    os._exit(code)
 """
 
 
