@@ -370,7 +370,8 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
     except KeyboardInterrupt:  # Java may still be searching in its own threads: end now, not after them
         end_stopped(f"{'terminated' if _RECEIVED[0] == signal.SIGTERM else 'interrupted'}: no run was written",
                     exit_handlers=False)
-    click.echo(f"searched {len(topics):,} queries in {time.perf_counter() - t0:.1f} s → {run_path}")
+    queries = f"{len(topics):,} quer{'y' if len(topics) == 1 else 'ies'}"
+    click.echo(f"searched {queries} in {time.perf_counter() - t0:.1f} s → {run_path}")
     if judged is not None:  # the metrics of the file written, so that `eval` of it prints the same
         _print_metrics(read_run(run_path), judged, ctx.obj["progress"])
 
@@ -438,7 +439,7 @@ def inspect(ctx: click.Context, doc_ids: tuple[str, ...], query_texts: tuple[str
     \b
     lsr-index inspect 4983 --top 10          # a document's largest impacts
     lsr-index inspect --query "sleep and memory"   # the terms search sends to Lucene (+: expansion)
-    lsr-index inspect --png stats.png        # nonzeros, impacts, truncation, vocabulary coverage
+    lsr-index inspect --png stats.png        # the statistics, and histograms of nonzeros and impacts
     """
     import json
 

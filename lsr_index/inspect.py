@@ -223,6 +223,9 @@ def _render_corpus(c: dict) -> list[str]:
 
 
 def _describe_truncation(t: dict) -> str:
-    rest = ", ".join(f"{k} {v:,}" for k, v in t.items() if k not in ("doc_max_length", "documents", "share"))
-    return f"{t['documents']:,} documents ({t['share']:.1%}) at {t['doc_max_length']} tokens" + \
-        (f"; {rest}" if rest else "")
+    line = f"{t['documents']:,} documents ({t['share']:.1%}) at {t['doc_max_length']} tokens"
+    if t["documents"]:
+        line += f"; the longest had {t['longest_tokens']:,} tokens"
+    if t["cut_at_characters"]:
+        line += f"; {t['cut_at_characters']:,} cut at the reader's character bound first"
+    return line

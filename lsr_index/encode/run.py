@@ -14,7 +14,7 @@ from lsr_index.encode.job import EncodeJob
 from lsr_index.encode.plan import Plan, planned
 from lsr_index.encode.task import WorkerResult
 from lsr_index.encode.units import Units
-from lsr_index.runtime.progress import EncodeBar
+from lsr_index.runtime.progress import EncodeBar, note
 from lsr_index.runtime.timeline import mark
 from lsr_index.vectors.manifest import Manifest, NodeStats
 
@@ -43,6 +43,7 @@ def encode(job: EncodeJob, out: Path, executor: Executor,
         planned_units = reader.units()
         units = Units(planned_units, reader.sequencer(planned_units))
         mark(f"input cut into {len(planned_units)} unit(s)")
+        note(f"loading the model {job.model.name} on {', '.join(executor.devices)}…", job.options.progress)
         bar = EncodeBar(reader.estimate_docs, resumed_at, job.options.progress)
         t0, started_at = time.perf_counter(), time.time()
         tokens = 0
