@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # lsr-index encode on a Ray cluster (docs/cluster.md): start a head and workers, submit an encode, build.
-# Every node needs lsr-index with Ray (pip install 'lsr-index[ray]') and the output directory on a file system
+# Every node needs lsr-index with Ray (pip install -e '.[ray]' in a checkout) and the output directory on a file system
 # shared by every node at the same path; only the encode step (the driver) reads the inputs. Ray 2.60 starts the head
 # with token authentication: copy the head's ~/.ray/auth_token to the same place on every node (or point
 # RAY_AUTH_TOKEN_PATH at it); the steps below run with RAY_AUTH_MODE=token.
