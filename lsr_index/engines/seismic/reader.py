@@ -51,20 +51,22 @@ class Block:
     ids: list[str]
     indptr: np.ndarray  # int64 [n + 1]
     components: np.ndarray  # int64 [nnz]
-    impacts: np.ndarray  # float32 [nnz], integers in 1..MAX_IMPACT
+    impacts: np.ndarray  # float32 [nnz] (int64 past Seismic's range), integers in 1..max_impact
 
 
-def read_blocks(path: Path, terms: Terms, block_docs: int = BLOCK_DOCS) -> Iterator[Block]:
-    """The shard's documents in blocks; an unreadable record or an impact Seismic cannot hold is one line naming
-    the shard and the document."""
-    source = _parquet(path, terms, block_docs) if path.name.endswith(".parquet") else _jsonl(path, terms, block_docs)
+def read_blocks(path: Path, terms: Terms, block_docs: int = BLOCK_DOCS, max_impact: int = MAX_IMPACT
+                ) -> Iterator[Block]:
+    """The shard's documents in blocks; an unreadable record or an impact outside 1..max_impact (by default, what
+    Seismic holds exactly) is one line naming the shard and the document."""
+    source = _parquet(path, terms, block_docs, max_impact) if path.name.endswith(".parquet") else \
+        _jsonl(path, terms, block_docs, max_impact)
     try:
         yield from source
     except OSError as exc:
         raise LsrIndexError(f"{path}: cannot read the shard: {exc}") from None
 
 
-def _parquet(path: Path, terms: Terms, block_docs: int) -> Iterator[Block]:
+def _parquet(path: Path, terms: Terms, block_docs: int, max_impact: int) -> Iterator[Block]:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -86,12 +88,12 @@ def _parquet(path: Path, terms: Terms, block_docs: int) -> Iterator[Block]:
             numbers = terms.lookup(encoded.dictionary.to_pylist())
             components = numbers[encoded.indices.to_numpy(zero_copy_only=False)]
             values = weights.flatten().to_numpy(zero_copy_only=False)
-            yield _block(path, ids.to_pylist(), lengths, components, values, terms)
+            yield _block(path, ids.to_pylist(), lengths, components, values, terms, max_impact)
     except (pa.ArrowException, ValueError, TypeError) as exc:
         raise LsrIndexError(f"{path}: cannot read the shard: {type(exc).__name__}: {exc}"[:400]) from None
 
 
-def _jsonl(path: Path, terms: Terms, block_docs: int) -> Iterator[Block]:
+def _jsonl(path: Path, terms: Terms, block_docs: int, max_impact: int) -> Iterator[Block]:
     opened = gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")  # noqa: SIM115
     with opened as f:
         line_number = 0
@@ -116,7 +118,7 @@ def _jsonl(path: Path, terms: Terms, block_docs: int) -> Iterator[Block]:
                 raise LsrIndexError(f"{path}{at}: not a JsonVectorCollection record with an 'id' and a 'vector' of "
                                     f"term: impact ({type(exc).__name__}: {exc})"[:400]) from None
             line_number += len(lines)
-            yield _block(path, ids, lengths, components, values, terms)
+            yield _block(path, ids, lengths, components, values, terms, max_impact)
 
 
 def _first_bad_line(lines: list[bytes]) -> int | None:
@@ -129,16 +131,17 @@ def _first_bad_line(lines: list[bytes]) -> int | None:
 
 
 def _block(path: Path, ids: list, lengths: np.ndarray, components: np.ndarray, values: np.ndarray,
-           terms: Terms) -> Block:
+           terms: Terms, max_impact: int) -> Block:
     """Rows sorted by component, every impact and id checked."""
     rows = np.repeat(np.arange(len(lengths)), lengths)
-    bad = np.flatnonzero((values != np.rint(values)) | (values < 1) | (values > MAX_IMPACT))
+    bad = np.flatnonzero((values != np.rint(values)) | (values < 1) | (values > max_impact))
     if len(bad):
         at = int(bad[0])
-        raise LsrIndexError(
-            f"{path}: document {ids[rows[at]]!r} has impact {values[at]:g} for term {terms.names[components[at]]!r}: "
-            f"Seismic holds integer impacts from 1 to {MAX_IMPACT} exactly (half-precision floats); encode with a "
-            "lower --scale, or build the Lucene index")
+        where = f"{path}: document {ids[rows[at]]!r} has impact {values[at]:g} for term {terms.names[components[at]]!r}"
+        if max_impact == MAX_IMPACT:
+            raise LsrIndexError(f"{where}: Seismic holds integer impacts from 1 to {MAX_IMPACT} exactly "
+                                "(half-precision floats); encode with a lower --scale, or build the Lucene index")
+        raise LsrIndexError(f"{where}: impacts are integers from 1 to {max_impact:,}")
     for doc_id in ids:
         if not isinstance(doc_id, str):
             raise LsrIndexError(f"{path}: document id {doc_id!r} is not a string")
@@ -150,4 +153,4 @@ def _block(path: Path, ids: list, lengths: np.ndarray, components: np.ndarray, v
         raise LsrIndexError(f"{path}: document {ids[rows[at]]!r} lists term {terms.names[components[at]]!r} twice")
     indptr = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=indptr[1:])
-    return Block(ids, indptr, components, values.astype(np.float32))
+    return Block(ids, indptr, components, values.astype(np.float32 if max_impact <= MAX_IMPACT else np.int64))
