@@ -321,6 +321,65 @@ def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+# --- Lucene: hits taken from the JVM one field at a time, or in one piece ----------------------------------------
+
+def per_hit_search(searcher, queries: Queries, hits: int) -> dict:
+    """ImpactSearcher.search as it was: the same batches and Java search, each hit's docid and score read from its
+    ScoredDoc through JNI (the reference the bulk transfer is measured and checked against)."""
+    ranked = {}
+    for start in range(0, len(queries), 32):
+        chunk = queries[start:start + 32]
+        jqueries, jqids = searcher._list(), searcher._list()
+        for qid, vector in chunk:
+            jquery = searcher._hashmap()
+            for term, weight in vector.items():
+                jquery.put(term, searcher._int(int(weight)))
+            jqueries.add(jquery)
+            jqids.add(qid)
+        results = searcher._searcher.batch_search(jqueries, jqids, int(hits), 1)
+        for entry in results.entrySet().toArray():
+            ranked[entry.getKey()] = [(h.docid, float(h.score)) for h in entry.getValue()]
+    return {qid: ranked.get(qid, []) for qid, _ in queries}
+
+
+def lucene_hits_ab(vectors: Path, queries: Queries, work: Path, rounds: int = 3) -> dict:
+    """Queries/s of both ways on one Lucene index, alternated, best of `rounds`; and whether the run files they
+    write are the same bytes."""
+    from lsr_index.engines.lucene.searcher import ImpactSearcher
+    from lsr_index.search import write_run
+
+    index = work / "ab-lucene"
+    shutil.rmtree(index, ignore_errors=True)
+    build_lucene(vectors, index, threads=available_cores(), heap="3g", progress=False)
+    searcher = ImpactSearcher(index)
+    result = {"queries": len(queries)}
+    try:
+        for hits in (1000, 10):
+            ways = {"per_hit": lambda q, h=hits: per_hit_search(searcher, q, h),
+                    "bulk": lambda q, h=hits: searcher.search(q, hits=h, threads=1)}
+            best, runs = dict.fromkeys(ways, float("inf")), {}
+            for way in ways.values():
+                way(queries[:32])
+            for _ in range(rounds):
+                for name, way in ways.items():
+                    t0 = time.perf_counter()
+                    runs[name] = way(queries)
+                    best[name] = min(best[name], time.perf_counter() - t0)
+            files = {}
+            for name, run in runs.items():
+                files[name] = work / f"ab-{name}.trec"
+                write_run(files[name], run)
+            result[f"hits_{hits}"] = {
+                **{f"{name}_qps": round(len(queries) / best[name], 2) for name in ways},
+                "speedup": round(best["per_hit"] / best["bulk"], 2),
+                "identical_run_files": files["per_hit"].read_bytes() == files["bulk"].read_bytes()}
+            print(json.dumps({"lucene_hits": result}), flush=True)
+    finally:
+        searcher.close()
+        shutil.rmtree(index, ignore_errors=True)
+    return result
+
+
 # --- one dataset ------------------------------------------------------------------------------------------------
 
 def bench_dataset(name: str, vectors: Path, queries: Queries, qrels: dict | None, work: Path, args,
@@ -408,6 +467,8 @@ def main() -> None:
                         "'name=value,...' (default: the defaults and three variants)")
     parser.add_argument("--cuts", help="query_cut values to sweep, comma-separated")
     parser.add_argument("--factors", help="heap_factor values to sweep, comma-separated")
+    parser.add_argument("--lucene-hits", action="store_true", help="also time Lucene's hits read per hit against "
+                        "in one piece, on the real set (1,000 and 10 hits)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lsr-bench-search")
     parser.add_argument("--tag", default=f"{available_cores()}core")
     args = parser.parse_args()
@@ -441,6 +502,8 @@ def main() -> None:
         real = read_query_vectors(args.queries, args.vectors)
         qrels = read_qrels(args.qrels) if args.qrels else None
         datasets["real"] = {"vectors": str(args.vectors), "queries": len(real), "qrels": bool(qrels)}
+        if args.lucene_hits:
+            datasets["real"]["lucene_hits"] = lucene_hits_ab(args.vectors, real, args.work)
         bench_dataset("real", args.vectors, real, qrels, args.work, args, builds, searches, rows)
     if args.docs:
         fitted = args.fit or args.vectors

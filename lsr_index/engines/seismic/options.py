@@ -75,7 +75,7 @@ class _Options:
 class SeismicBuild(_Options):
     """How the index is built; defaults measured in benchmarks/bench_search.py (see its results)."""
 
-    n_postings: int = 3500  # postings kept per term on average (the highest impacts of the whole collection)
+    n_postings: int = 1000  # postings kept per term on average (the highest impacts of the whole collection)
     centroid_fraction: float = 0.1  # blocks per list, as a fraction of its length
     summary_energy: float = 0.4  # share of a block's L1 mass its summary keeps
     max_fraction: float = 1.5  # one term's list holds at most max_fraction × n_postings postings
