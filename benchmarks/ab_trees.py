@@ -1,5 +1,5 @@
 """Two trees of lsr-index against each other on one host: run this once per tree and round, alternating, with the
-tree's directory first on PYTHONPATH (this script's own directory supplies the benchmark helpers). For BERT-base
+tree's directory first on PYTHONPATH (this script's own directory supplies the shared benchmark code). For BERT-base
 131k and XLM-R base 32k synthetic documents: file → shards end to end (a warm run, then two), then the model-only
 rate twice (not with --fresh, which runs each end to end in a new process, as a user's run starts).
 

@@ -35,9 +35,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from lsr_index.engines.lucene.build import available_cores, build_index  # noqa: E402
+from lsr_index.engines.lucene.build import build_index  # noqa: E402
 from lsr_index.engines.lucene.jvm import anserini_jar, jvm  # noqa: E402
 from lsr_index.engines.lucene.searcher import ImpactSearcher  # noqa: E402
+from lsr_index.runtime.threads import host_cores  # noqa: E402
 from lsr_index.vectors.manifest import Manifest  # noqa: E402
 from lsr_index.vectors.quantize import SparseVectors  # noqa: E402
 from lsr_index.vectors.shards import read_shard, write_vectors  # noqa: E402
@@ -109,19 +110,19 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs of each thread count on the large set")
     parser.add_argument("--million", type=int, default=0, help="documents for direct runs on 1 and all cores; 0: skip")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "lsr-bench-build")
-    parser.add_argument("--tag", default=f"{available_cores()}core")
+    parser.add_argument("--tag", default=f"{host_cores()}core")
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     args.work.mkdir(parents=True)
     if args.fit is None:
         from lsr_index.encode.job import EncodeJob, EncodeOptions
-        from lsr_index.encode.plan import encode_corpus
+        from lsr_index.encode.run import encode_corpus
 
         args.fit = args.work / "sample-vectors"
         encode_corpus(EncodeJob(inputs=(str(ROOT / "data/sample/corpus.jsonl"),), model="splade-tiny",
                                 options=EncodeOptions(progress=False)), args.fit)
     model = fit(args.fit)
-    cores = available_cores()
+    cores = host_cores()
     rows = []
 
     def run(vectors: Path, builder: str, threads: int, scale: str) -> Path:
@@ -130,10 +131,10 @@ def main() -> None:
         info = build_index(vectors, index, threads=threads, heap="3g", progress=False, builder=builder, overwrite=True)
         cpu = cpu_seconds() - cpu0
         manifest = Manifest.load(vectors)
-        row = {"builder": builder, "threads": threads, "scale": scale, "docs": info["documents"],
-               "writers": info["writers"], "seconds": info["build_seconds"],
-               "docs_per_s": round(info["documents"] / info["build_seconds"], 1), "cpu_seconds": round(cpu, 1),
-               "docs_per_cpu_s": round(info["documents"] / cpu, 1),
+        row = {"builder": builder, "threads": threads, "scale": scale, "docs": info.documents,
+               "writers": info.writers, "seconds": info.build_seconds,
+               "docs_per_s": round(info.documents / info.build_seconds, 1), "cpu_seconds": round(cpu, 1),
+               "docs_per_cpu_s": round(info.documents / cpu, 1),
                "terms_per_doc": round(manifest.nonzeros / manifest.docs, 1), "index_bytes": size(index),
                "load_average": round(os.getloadavg()[0], 1)}
         rows.append(row)

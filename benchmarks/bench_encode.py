@@ -28,11 +28,16 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from provenance import csv_line, png_metadata, provenance, with_provenance  # noqa: E402
+
+PROVENANCE = provenance()  # before CUDA is initialized: read from nvidia-smi
 TARGET_NNZ = 200
 
 
@@ -90,9 +95,6 @@ def make_model(arch: str, target: Path, tokenizer: Path, device: str, smoke: boo
         threshold = torch.quantile(peaks.flatten()[:2**24], 1 - TARGET_NNZ / config.vocab_size).item()
         decoder.bias.fill_(0.005 - threshold)
     model.save_pretrained(target, safe_serialization=True)
-    # as a user's model is: written before the run. lsr-index records a model's identity only for files settled for
-    # two seconds (model_files._settled); a model written just now would be hashed anew by every timed run
-    time.sleep(max(0.0, 2.1 - (time.time() - max(f.stat().st_mtime for f in target.iterdir()))))
     return target
 
 
@@ -226,16 +228,16 @@ def shards_filesystem(path: Path) -> str:
 def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, ...], dtype: str,
                   max_tokens: int, track_memory: bool = False) -> dict:
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
 
-    job = EncodeJob(inputs=(str(corpus),), model=str(model_dir), dtype=dtype,
-                    options=EncodeOptions(max_tokens=max_tokens, shard_docs=32768, overwrite=True, progress=False))
     in_process = len(devices) == 1  # else the workers' memory is theirs, and this process must not use CUDA
     if in_process:
         reset_peak(devices[0])
     memory = HostMemory() if track_memory else None
     usage0 = resource.getrusage(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter()  # the model's resolution and identity are part of a run, as a user's run pays them
+    job = EncodeJob(inputs=(str(corpus),), model=str(model_dir), dtype=dtype,
+                    options=EncodeOptions(max_tokens=max_tokens, shard_docs=32768, overwrite=True, progress=False))
     if memory:
         with memory:
             manifest = encode_corpus(job, out, devices)
@@ -246,7 +248,8 @@ def run_lsr_index(model_dir: Path, corpus: Path, out: Path, devices: tuple[str, 
     result = {"docs": manifest.docs, "seconds": seconds, "peak_gpu_gb": peak_gb(devices[0]) if in_process else None,
               "cpu_user_seconds": round(usage.ru_utime - usage0.ru_utime, 1),
               "cpu_system_seconds": round(usage.ru_stime - usage0.ru_stime, 1),
-              "nonzeros_per_doc": manifest.stats["nonzeros_per_doc"], "per_worker": manifest.stats["per_worker"],
+              "nonzeros_per_doc": manifest.stats.nonzeros_per_doc,
+              "per_worker": [asdict(w) for w in manifest.stats.per_worker],
               "bytes_on_disk": sum((out / s.file).stat().st_size for s in manifest.shards)}
     if memory:
         result["host_rss_mb"] = memory.samples
@@ -262,7 +265,8 @@ from lsr_index.model.load import import_model_code
 import lsr_index.model.encoder
 args = json.loads(sys.argv[2])
 args["devices"] = tuple(args["devices"])
-import_model_code(args["model_dir"])
+from lsr_index.model.ref import ModelRef
+import_model_code(ModelRef.resolve(args["model_dir"]))
 paths = [bench_encode.Path(args.pop(k)) for k in ("model_dir", "corpus", "out")]
 result = bench_encode.run_lsr_index(*paths, **args)
 print("RESULT", json.dumps(result))
@@ -284,6 +288,31 @@ def run_lsr_index_fresh(model_dir: Path, corpus: Path, out: Path, devices: tuple
     return json.loads(run.stdout.rsplit("RESULT ", 1)[1])
 
 
+def run_cli(corpus: Path, out: Path, gpus: int) -> dict:
+    """`lsr-index encode CORPUS` as a user types it (the default model and flags) on the first `gpus` GPUs, timed
+    from the command's start to its exit, with the summary's rates and the start-up's steps (LSR_INDEX_TIMELINE)."""
+    import re
+    import subprocess
+
+    env = {**os.environ, "LSR_INDEX_TIMELINE": "1", "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
+    t0 = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "lsr_index", "-q", "encode", str(corpus), "-o", str(out),
+                           "--overwrite"], capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - t0
+    if done.returncode != 0:
+        raise RuntimeError(f"lsr-index encode failed ({done.returncode}): {done.stderr[-2000:]}")
+    manifest = json.loads((out / "manifest.json").read_text())
+    stats = manifest["stats"]
+    started = max((w["startup_seconds"] for w in stats["per_worker"] if w["docs"]), default=0.0)
+    timeline = [(float(m[1]), m[2]) for m in re.finditer(r"timeline ([\d.]+) s: (.*)", done.stderr)]
+    shutil.rmtree(out)
+    return {"docs": manifest["docs"], "seconds": seconds, "encode_seconds": stats["seconds"],
+            "docs_per_second_encode_clock": stats["docs_per_second"],
+            "docs_per_second_after_startup": round(stats["docs_this_run"] / max(stats["seconds"] - started, 1e-9), 1),
+            "startup_seconds": started, "units": stats.get("units"),
+            "per_worker": stats["per_worker"], "timeline": timeline, "summary": done.stdout.strip()}
+
+
 # ---------------------------------------------------------------- driver
 
 def main() -> None:
@@ -291,7 +320,8 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, help="directory with a BERT tokenizer.json (required to measure)")
     parser.add_argument("--scifact", type=Path, help="BEIR SciFact directory (corpus.jsonl) for the real-text rows")
     parser.add_argument("--sections", default="bert,real,xlmr",
-                        help="comma list of bert, real, xlmr, million, multi, cpu (splade-tiny on SciFact)")
+                        help="comma list of bert, real, xlmr, million, multi (1, 2 and every GPU), cli (the command "
+                             "on SciFact x20 with 1, 2 and every GPU), cpu (splade-tiny on SciFact)")
     parser.add_argument("--smoke", action="store_true", help="tiny models and corpora: check the script on a CPU")
     parser.add_argument("--multi-docs", type=int, default=2_000_000,
                         help="documents for the multi-GPU rows (one GPU against all of them, on one stream)")
@@ -326,8 +356,9 @@ def main() -> None:
             "triton": triton.__version__, "python": sys.version.split()[0], "smoke": args.smoke,
             "max_tokens": max_tokens, "host_cores": os.cpu_count(), "gpus": torch.cuda.device_count(),
             "cuda_alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
-            # set on the device machine, whose packages have no bytecode: unless a pycache prefix holds it (as a pip
-            # install's own), every Python child compiles its imports anew (the input process ~0.5 s, torch 4-5 s)
+            # set on GPU hosts whose packages ship without bytecode: unless a pycache prefix holds it (as a pip
+            # install's own), every Python child compiles its imports anew, seconds for torch alone
+            # (docs/performance/encode.md, "Start-up")
             "python_dont_write_bytecode": os.environ.get("PYTHONDONTWRITEBYTECODE"),
             "python_pycache_prefix": sys.pycache_prefix}
     name = "".join(c if c.isalnum() else "_" for c in gpu).strip("_") + ("_smoke" if args.smoke else "")
@@ -383,14 +414,23 @@ def main() -> None:
         synthetic_corpus(large, args.multi_docs // scale, words, seed=3)
         run_lsr_index(bert, synthetic, work / "warm", (device,), dtype_name, max_tokens)
         shards = args.shards_dir or work
-        for used in ((device,), devices):
+        counts = sorted({1, 2, len(devices)})  # one GPU, two, every one of the host: one stream, one call
+        for used in (devices[:n] for n in counts):
             record(f"{args.multi_docs // scale:,} docs", "bert-base", f"lsr-index x{len(used)} GPU (file → shards)",
                    run_lsr_index_fresh(bert, large, shards / "out", used, dtype_name, max_tokens),
                    shards_on=shards_filesystem(shards))
+    if "cli" in sections and args.scifact:  # the command a user runs: splade-tiny on real text, default flags
+        sci20 = work / "sci20.jsonl"
+        real_corpus(sci20, args.scifact, 100_000 // scale)
+        counts = sorted({1, 2, max(1, torch.cuda.device_count())})
+        run_cli(sci20, work / "cli", 1)  # Triton's caches and the page cache warm, as on a machine in use
+        for n in counts:
+            record(f"scifact x{-(-100_000 // scale // 5183)}", "splade-tiny", f"lsr-index CLI x{n} GPU",
+                   run_cli(sci20, work / "cli", n))
     if "cpu" in sections and args.scifact:  # the real embedded model on real text, for CPU-only machines
-        from lsr_index.model.load import resolve_model
+        from lsr_index.model.ref import locate
 
-        tiny = resolve_model("splade-tiny")
+        tiny = locate("splade-tiny")
         sample = work / "scifact.jsonl"  # lsr-index on the whole collection, the peers on its first 1,024 documents
         sample_texts = real_corpus(sample, args.scifact, 1)[:5183 // scale]
         with open(sample) as f:
@@ -411,8 +451,10 @@ def save(rows: list[dict], meta: dict, out: Path, name: str) -> None:
     """Rewritten after every row, so a run cut short still leaves what it measured."""
     meta["peak_host_rss_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"encode_{name}.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    (out / f"encode_{name}.json").write_text(json.dumps(with_provenance({"meta": meta, "rows": rows}, PROVENANCE),
+                                                         indent=2))
     with open(out / f"encode_{name}.csv", "w", newline="") as f:
+        f.write(csv_line(PROVENANCE))
         fields = ["workload", "model", "system", "docs", "seconds", "docs_per_second", "peak_gpu_gb",
                   "nonzeros_per_doc", "bytes_on_disk", "cpu_user_seconds", "cpu_system_seconds"]
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
@@ -441,7 +483,7 @@ def plot(rows: list[dict], meta: dict, path: Path) -> None:
             ax.text(r["docs_per_second"], i, f" {r['docs_per_second']:,.0f}", va="center", fontsize=8)
     fig.suptitle(f"SPLADE encoding throughput on {meta['device']} (torch {meta['torch']}, triton {meta['triton']})")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=png_metadata(PROVENANCE))
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ the eager head (F.linear -> log1p(relu) -> x mask -> amax over the sequence, as 
 do), the same under torch.compile, and the FLOP floor 2·tokens·H·V at the bf16 matmul rate (8192³) measured
 warm in this run: the higher of a reading before and one after the timings.
 Every timing runs after at least 300 ms of warm-up calls, so it sees the clock a long job sees: under sustained
-tensor-core load an H100 or H200 holds its 700 W power cap by lowering the SM clock (1980 MHz cold; 1320-1770 MHz
-in the committed runs for cuBLAS and the kernel at >= 16k tokens). nvidia-smi samples the SM clock, the
+tensor-core load a Hopper GPU holds its 700 W power cap by lowering the SM clock well below its cold clock
+(docs/performance/sparton-head.md, "Power cap and clocks"). nvidia-smi samples the SM clock, the
 board power (power.draw, which the driver averages over about a second) and the power-cap flag every 50 ms; each
 row records the medians over its timed window (sm_mhz, watts) and the share of samples at the cap (power_capped).
 Peak memory is torch.cuda.max_memory_allocated during the call minus what was allocated before it (inputs,
@@ -134,8 +134,8 @@ def _timed(fn: Callable[[], object], warmup: float, rep: float) -> tuple[float, 
 
 def matmul_peak_tflops(warmup_ms: float = WARMUP_MS, dtype: torch.dtype = torch.bfloat16) -> tuple[float, dict]:
     """Rate of an 8192³ cuBLAS matmul (bf16: the floor). A GPU that idled before runs its first second above the
-    power cap's sustained clock (an H100 read 751 TFLOP/s cold at 1980 MHz, 695 warm at 1410 MHz): benchmark()
-    warms it for 2 s first, so the floor is read in the state the timings run in."""
+    power cap's sustained clock, and reads several percent faster (docs/performance/sparton-head.md, "Power cap and
+    clocks"): benchmark() warms it for 2 s first, so the floor is read in the state the timings run in."""
     a = torch.randn(8192, 8192, device="cuda", dtype=dtype)
     b = torch.randn(8192, 8192, device="cuda", dtype=dtype)
     ms, state = _timed(lambda: a @ b, warmup=warmup_ms, rep=500)
@@ -449,8 +449,8 @@ def summary(rows: list[dict], fits: dict) -> None:
         )
 
 
-# Candidates timed by --sweep besides the tuned list: the tall tile v5 kept for long documents, other slab widths
-# and groupings, a deeper pipeline, longer K steps.
+# Candidates timed by --sweep besides the tuned list: a tall tile (128 × 256, 32-column slabs) for long documents,
+# other slab widths and groupings, a deeper pipeline, longer K steps.
 SWEEP_EXTRA = [
     sparton.splade_head._config(128, 256, 64, 8, 3, group=16, slab=32),
     sparton.splade_head._config(256, 128, 64, 8, 3, group=64, slab=32),

@@ -4,7 +4,7 @@ over synthetic ~57-token documents, on a GPU or the CPU.
 Prints model-only docs/s (a first pass over new batch shapes and a second one over the same shapes), one
 length bucket stage by stage (body, Sparton head on the packed real tokens, quantization), the GEMM rates at
 the body's shapes, a torch.profiler table of the body, and on CUDA the attention backends side by side and,
-with --compile, torch.compile of the body. What an H100 run found: docs/performance/encode.md ("One batch").
+with --compile, torch.compile of the body. What it shows: docs/performance/encode.md ("One batch").
 
     python benchmarks/profile_encode.py [--tokenizer DIR] [--device cuda|cpu] [--docs N] [--compile] [--smoke]
 

@@ -68,7 +68,10 @@ def provenance(argv: list[str] | None = None) -> dict:
 
 
 def git_commit(root: Path = ROOT) -> str | None:
-    """HEAD of the repository holding this file, with "-dirty" when a tracked file differs from it."""
+    """HEAD of the repository holding this file, with "-dirty" when a tracked file differs from it; or
+    $PROVENANCE_COMMIT, for a copy of the tree whose git history is not its own (a remote machine's)."""
+    if os.environ.get("PROVENANCE_COMMIT"):
+        return os.environ["PROVENANCE_COMMIT"]
     def git(*args: str) -> str | None:
         try:
             done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)

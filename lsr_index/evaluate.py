@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from lsr_index.errors import LsrIndexError
+from lsr_index.errors import LsrIndexError, install_hint
 
 MEASURES = ("nDCG@10", "RR@10", "R@100", "R@1000", "AP@1000")
 NAMES = {"RR@10": "MRR@10", "AP@1000": "MAP"}  # the names users know (and the README's table) for two of them
@@ -23,7 +23,7 @@ def evaluate(run: dict[str, list[tuple[str, float]]], qrels: dict[str, dict[str,
     try:
         import ir_measures
     except ImportError:
-        raise LsrIndexError("evaluation needs ir_measures: pip install 'lsr-index[lucene]'") from None
+        raise LsrIndexError(f"evaluation needs ir_measures: {install_hint('lucene')}") from None
     parsed = [ir_measures.parse_measure(m) for m in measures]
     scored = {qid: _untied(ranked) for qid, ranked in run.items() if ranked}
     totals = dict.fromkeys(parsed, 0.0)

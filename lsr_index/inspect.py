@@ -12,14 +12,14 @@ import json
 import zlib
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from lsr_index.errors import LsrIndexError
+from lsr_index.errors import LsrIndexError, install_hint
 from lsr_index.runtime.durable import atomic_write_bytes
 from lsr_index.runtime.progress import bar
 from lsr_index.vectors.manifest import Manifest
-from lsr_index.vectors.shards import read_shard
+from lsr_index.vectors.shards import ShardError, read_shard
 
 QUANTILES = (("p5", 0.05), ("p25", 0.25), ("median", 0.5), ("p75", 0.75), ("p95", 0.95))
 
@@ -53,6 +53,8 @@ def _vectors(directory: Path, manifest: Manifest, progress: bool = False) -> Ite
                 for doc_id, vector in read_shard(path):
                     yield shard.file, doc_id, vector
                     reading.update()
+            except ShardError as exc:  # a record no reader takes (a term named twice): its place is in the message
+                raise LsrIndexError(str(exc)) from None
             except (OSError, EOFError, ValueError, KeyError, zlib.error) as exc:
                 raise LsrIndexError(f"{path}: cannot read the shard ({type(exc).__name__}: {exc}); it is damaged: "
                                     "rerun `lsr-index encode --overwrite`") from None
@@ -87,11 +89,11 @@ def queries(index: Path, texts: Sequence[str], top: int, model: str | None, devi
 
     encoder, quantization, manifest = load_query_encoder(index, model, device, "auto")
     numbered = [(str(i), text) for i, text in enumerate(texts)]
-    vectors = encode_queries(encoder, quantization, numbered, manifest.encoder["query_max_length"])
+    vectors = encode_queries(encoder, quantization, numbered, manifest.encoder.query_max_length)
     out = []
     for text, (_, vector) in zip(texts, vectors):
         own = set(encoder.model.tokenizer.tokenize(text))
-        out.append({"query": text, "model": manifest.query["name"], "terms": len(vector),
+        out.append({"query": text, "model": manifest.query.name, "terms": len(vector),
                     "expansion_terms": sum(term not in own for term in vector),
                     "top": [(term, impact, term in own) for term, impact in _top(vector, top)]})
     return out
@@ -113,7 +115,7 @@ class CorpusStats:
         frequent = sorted(self.df.items(), key=lambda item: (-item[1], item[0]))[:top]
         return {
             "vectors": str(self.directory), "complete": self.manifest.complete, "documents": self.documents,
-            "model": self.manifest.model["name"], "scale": self.manifest.quantization["scale"],
+            "model": self.manifest.model.name, "scale": self.manifest.quantization.scale,
             "nonzeros_per_doc": summarize(self.nonzeros), "impacts": summarize(self.impacts),
             "truncation": _truncation(self.manifest),
             "vocabulary": {"terms_used": len(self.df), "vocab_size": vocab_size,
@@ -135,15 +137,15 @@ def corpus_stats(directory: Path, progress: bool = False) -> CorpusStats:
 
 def _truncation(manifest: Manifest) -> dict:
     """Documents cut at doc_max_length, as the encoder recorded them shard by shard (manifest format 2)."""
-    return {"doc_max_length": manifest.encoder["doc_max_length"], **manifest.truncation}
+    return {"doc_max_length": manifest.encoder.doc_max_length, **asdict(manifest.truncation)}
 
 
 def _vocab_size(manifest: Manifest) -> int | None:
     """The model's vocabulary size from its config.json, without loading the model; None if unavailable."""
-    from lsr_index.model.load import resolve_model
+    from lsr_index.model.ref import locate
 
     try:
-        config = json.loads((resolve_model(manifest.model["name"]) / "config.json").read_text())
+        config = json.loads((locate(manifest.model.name) / "config.json").read_text())
     except (LsrIndexError, OSError, ValueError):
         return None
     size = config.get("vocab_size")
@@ -155,13 +157,13 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError:
-        raise LsrIndexError("--png needs matplotlib: pip install matplotlib (or install lsr-index[bench])") from None
+        raise LsrIndexError(f"--png needs matplotlib: pip install matplotlib, or {install_hint('bench')}") from None
 
 
 def write_png(stats: CorpusStats, path: Path) -> None:
     """Histograms of nonzeros per document and of impacts, written atomically; never into an index or vectors
     directory (`--png vectors/manifest.json` once replaced the manifest it had just read)."""
-    from lsr_index.search import inside_output
+    from lsr_index.runs import inside_output
 
     if owner := inside_output(path):
         raise LsrIndexError(f"--png {path}: that is inside {owner}; write the picture elsewhere")
@@ -181,7 +183,7 @@ def write_png(stats: CorpusStats, path: Path) -> None:
         ax.set_xlabel(what)
         ax.set_ylabel("documents" if counts is stats.nonzeros else "occurrences")
     right.set_yscale("log")
-    fig.suptitle(f"{stats.directory}: {stats.documents:,} documents, {stats.manifest.model['name']}")
+    fig.suptitle(f"{stats.directory}: {stats.documents:,} documents, {stats.manifest.model.name}")
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png", dpi=110)
     plt.close(fig)

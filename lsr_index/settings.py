@@ -45,6 +45,8 @@ RANGES: dict[str, Range] = {
     "max_tokens": Range(int, 64),
     "shard_docs": Range(int, 1),
     "checkpoint_seconds": Range(float, 0),
+    "piece_docs": Range(int, 1, optional=True),
+    "threads": Range(int, 1, optional=True),
     "scale": Range(float, 0, above=True),
     "top_k": Range(int, 1, optional=True),
     "min_weight": Range(float, 0),
@@ -99,3 +101,15 @@ DEFAULTS: dict[str, Any] = {
 }
 MAX_TOKENS = {"cpu": 16384, "cuda": 131072}  # padded tokens per forward pass: activation memory, not corpus size
 DTYPE = {"cpu": "float32", "cuda": "bfloat16"}
+# Documents encoded and written together (a piece) on CPU. A chunk is checkpointed only at a piece's end, so a piece
+# must take well under --checkpoint-seconds even on a slow, shared CPU; sorting this many by length still keeps
+# padding low (docs/performance/encode.md, "CPU"). A GPU's pieces fill its forward passes (EncodeJob.window).
+CPU_PIECE_DOCS = 64
+
+# Characters kept per document (or query): its max length in tokens × this, before tokenizing. A WordPiece token
+# spans at most 100 characters (longer words become one [UNK]: BERT's max_input_chars_per_word), and real text
+# averages 4-6 per token in BERT, BPE and SentencePiece vocabularies alike; the Rust tokenizer tokenizes a text whole
+# before it truncates, so without a bound a document of tens of megabytes takes gigabytes to yield its few hundred
+# tokens. Only text past 100 characters per kept token (runs of whitespace or of over-long words) can change what is
+# encoded; such cuts are counted in the manifest.
+CHARS_PER_TOKEN = 100

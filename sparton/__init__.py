@@ -2,7 +2,11 @@
 
 CUDA tensors run the Triton kernel (``splade_head``); CPU tensors run the chunked PyTorch reference, or the
 Triton kernel under Triton's interpreter when TRITON_INTERPRET=1 and ``backend="triton"`` (for tests).
-The Triton path is inference-only: it has no backward.
+
+Both paths are differentiable in hidden, weight and bias. A call that needs no gradient (no input requires one, or
+under torch.no_grad / inference_mode) runs the inference kernel, which writes no argmax. A call that needs one runs
+``training``'s forward, which also records each (document, term)'s argmax token (int32 [B, V], the lowest row among
+equal maxima), and its fused backward; the reference follows the same tie rule.
 
 ``activation`` is SPLADE's ``"log1p_relu"`` or ``"log1p_log1p_relu"`` (sentence-transformers'
 ``SpladePooling(activation_function="log1p_relu")``); both are monotone, so the kernel takes the max of the raw
@@ -21,9 +25,9 @@ from .activations import ACTIVATIONS, POOLINGS, check_options
 from .reference import splade_max_packed_reference, splade_max_reference
 
 try:
-    from . import splade_head
+    from . import splade_head, training
 except ImportError:  # triton is an optional dependency (the "gpu" extra); the reference still works
-    splade_head = None
+    splade_head = training = None
 
 __all__ = [
     "ACTIVATIONS",
@@ -55,12 +59,8 @@ def _use_triton(hidden: Tensor, backend: str, pooling: str, activation: str) -> 
     return True
 
 
-def _forbid_grad(*tensors: Tensor | None) -> None:
-    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors):
-        raise RuntimeError(
-            "sparton: the Triton SPLADE head is inference-only (no backward); "
-            "call it under torch.no_grad() / torch.inference_mode(), or use backend='torch'"
-        )
+def _needs_grad(*tensors: Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def splade_max(
@@ -76,10 +76,11 @@ def splade_max(
     """w[b, v] = activation(max over kept s of hidden[b, s]·weight[v] + bias[v]); 0 for an all-padding row.
 
     hidden [B, L, H] (bf16 / fp16 / fp32), weight [V, H] of the same dtype, bias [V] or None,
-    mask [B, L] (bool or int, nonzero = keep). Returns float32 [B, V].
+    mask [B, L] (bool or int, nonzero = keep). Returns float32 [B, V], differentiable in hidden, weight and bias.
     """
     if _use_triton(hidden, backend, pooling, activation):
-        _forbid_grad(hidden, weight, bias)
+        if _needs_grad(hidden, weight, bias):
+            return torch.ops.sparton.splade_max_argmax(hidden, weight, bias, mask, activation)[0]
         return torch.ops.sparton.splade_max(hidden, weight, bias, mask, activation)
     return splade_max_reference(hidden, weight, bias, mask, pooling=pooling, activation=activation)
 
@@ -97,16 +98,19 @@ def splade_max_packed(
 ) -> Tensor:
     """As :func:`splade_max` for B documents packed back to back: hidden [T, H], cu_seqlens int32 [B+1]
     (cu_seqlens[0] = 0, cu_seqlens[-1] = T). A zero-length document gives a zero row. max_seqlen is a tuning
-    hint only. Returns float32 [B, V]."""
+    hint only. Returns float32 [B, V], differentiable in hidden, weight and bias."""
     if _use_triton(hidden, backend, pooling, activation):
-        _forbid_grad(hidden, weight, bias)
+        if _needs_grad(hidden, weight, bias):
+            return torch.ops.sparton.splade_max_packed_argmax(hidden, weight, bias, cu_seqlens, max_seqlen,
+                                                              activation)[0]
         return torch.ops.sparton.splade_max_packed(hidden, weight, bias, cu_seqlens, max_seqlen, activation)
     return splade_max_packed_reference(hidden, weight, bias, cu_seqlens, pooling=pooling, activation=activation)
 
 
 def prepare() -> None:
     """The part of a process's first Triton launch that needs no GPU, done now: Triton keys its on-disk cache by a
-    hash of its own sources and library (~0.4 s on an H100 host, once per process: benchmarks/NOTES_encode.md). Call
-    it in a thread beside other start-up work; the hashing holds the GIL little."""
+    hash of its own sources and library (hundreds of MB: a noticeable fraction of a second, once per process;
+    docs/performance/encode.md, "A new process's first pass"). Call it in a thread beside other start-up work; the
+    hashing holds the GIL little."""
     if splade_head is not None:
         splade_head.prepare()

@@ -1,14 +1,13 @@
 """SPLADE max pooling on CPUs with int8 dot-product instructions: an int8 screen, then float32 where it matters.
 
-On such CPUs (AVX512-VNNI, AVX-VNNI, AMX) an int8 matmul runs at about four times the float32 rate (one core of an
-AMD EPYC: [2048, 128] × [128, 512] in 0.79 ms against 3.88 float32 and 1.42 bf16), and the head's matmul is nearly
-all of a small model's work. A SPLADE vector keeps only the terms whose pooled logit is positive (~250 of 30,522
-for splade-tiny on SciFact), so the screen need only say which terms might be: each (document, term) pair gets a
-proven upper bound on its pooled logit, every pair whose bound is at most zero is exactly 0 after the activation,
-and the rest (~475 a document) are recomputed in float32 from that document's tokens: no pair is dropped that the
-float32 path keeps. (Values are float32's up to its rounding, which the recomputation, over fewer terms, may do in
-another order.) When the screen keeps too much to pay (an untrained head, ~all terms positive), the caller runs the
-plain float32 path instead.
+On such CPUs (AVX512-VNNI, AVX-VNNI, AMX) an int8 matmul runs at several times the float32 rate, well above bf16's
+(docs/performance/encode.md, "CPU"), and the head's matmul is nearly all of a small model's work. A SPLADE vector keeps
+only the terms whose pooled logit is positive (~250 of 30,522 for splade-tiny on SciFact), so the screen need only say
+which terms might be: each (document, term) pair gets a proven upper bound on its pooled logit, every pair whose bound
+is at most zero is exactly 0 after the activation, and the rest (~475 a document) are recomputed in float32 from that
+document's tokens: no pair is dropped that the float32 path keeps. (Values are float32's up to its rounding, which the
+recomputation, over fewer terms, may do in another order.) When the screen keeps too much to pay (an untrained head,
+~all terms positive), the caller runs the plain float32 path instead.
 
 The bound. Each document d's tokens share one scale s_d (their largest |component| / 127) and each term row v has
 its own s_v: h_t = s_d·q_t + e_t and w_v = s_v·p_v + f_v with q, p int8 and e, f the exact residuals. Then
@@ -22,9 +21,9 @@ than the float32 path's did, as any change of summation order may.
 The integer dot products are exact (int32: H·127² < 2^31 for H < 133,000); as the scale is shared within a
 document, their max is taken before scaling (in float32: exact up to H = 1,040, its rounding covered beyond). The
 rest is computed in float64 from the float32 values (the products s·q are exact there); its rounding (relative
-~H·2^-53) is covered by widening the norms' terms by 2^-14 and the rest by 2^-50 of its size. Measured on SciFact
-(120 documents): 475 pairs kept a document against 364 for a bf16 screen with its rounding bound and 253 truly
-positive; the recomputation is ~2 % of the screen's arithmetic either way.
+~H·2^-53) is covered by widening the norms' terms by 2^-14 and the rest by 2^-50 of its size. On SciFact the screen
+keeps ~475 pairs a document, against ~364 for a bf16 screen with its rounding bound and ~253 truly positive: the
+recomputation is ~2 % of the screen's arithmetic either way.
 """
 
 from __future__ import annotations
@@ -76,8 +75,8 @@ def _largest(values: Tensor) -> float:
 
 
 class _Terms(NamedTuple):
-    """The weight's int8 rows and what the bound needs of them: made once per weight (~45 ms for 30,522 × 128, which
-    every call of a small batch would pay again)."""
+    """The weight's int8 rows and what the bound needs of them: made once per weight (tens of milliseconds for
+    splade-tiny's 30,522 × 128, which every call of a small batch would otherwise pay again)."""
 
     q: Tensor  # int8 [V, H]
     scale: Tensor  # float32 [V]
@@ -175,7 +174,7 @@ def candidates(tokens: Tensor, doc_ids: Tensor, n_docs: int, weight: Tensor, bia
         acc = pooled[:, :chunk]
         acc.fill_(float("-inf"))
         for t0 in range(0, n_tokens, _BLOCK_TOKENS):
-            # PyTorch's max scatter over int32 runs ~15x slower than over float32 on CPU: the sums are converted first
+            # PyTorch's max scatter over int32 runs far slower than over float32 on CPU: the sums are converted first
             integers = torch._int_mm(q_tokens[t0 : t0 + _BLOCK_TOKENS], columns)
             logits = block[: integers.shape[0], :chunk].copy_(integers)
             ids = doc_ids[t0 : t0 + _BLOCK_TOKENS]

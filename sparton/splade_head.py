@@ -12,7 +12,7 @@ zero-filled output (0 = log1p(relu(-inf)), the value of a document without a kep
 Speed (Hopper): operands arrive by TMA; the grid is persistent (a program per SM walks the tiles). The epilogue
 is what separates this kernel from a plain GEMM: it streams the tile's columns slab by slab (SLAB columns), so
 a column costs one max unless a document boundary cuts its slab, and a document costs one reduction and one
-write (benchmarks/NOTES_head.md, v5 and v6).
+write (docs/performance/sparton-head.md, "Design").
 
 Padded and packed inputs share the kernel body: the token rows form one stream [T, H] with a non-decreasing
 document id per row, cut into BLOCK_L-row chunks regardless of document boundaries, so short packed documents
@@ -34,8 +34,8 @@ from .activations import ACTIVATIONS
 
 
 # Integer arguments are not specialized: by default Triton compiles a variant per value class of each (divisible
-# by 16, equal to 1, other), so batches of new row counts and length keys compiled anew mid-run (a fresh H100
-# host: ~7 s of a 19 s CLI run). No load here needs those hints: the output's row stride (V) is rarely a
+# by 16, equal to 1, other), so batches of new row counts and length keys would compile anew mid-run, seconds each
+# (docs/performance/encode.md, "Changes kept"). No load here needs those hints: the output's row stride (V) is rarely a
 # multiple of 16, and the row masks do not vectorize on T.
 @triton.jit(do_not_specialize=["stride_out", "T", "V", "LEN_KEY", "ROWS_KEY"])
 def _splade_max_kernel(
@@ -71,8 +71,9 @@ def _splade_max_kernel(
     per_group = GROUP_L * tl.cdiv(V, BLOCK_V)
     n_tiles = n_chunks * tl.cdiv(V, BLOCK_V)
     offs_l = tl.arange(0, BLOCK_L)
-    # Persistent, not flattened: Triton 3.6 cannot fuse this tile loop with the epilogue's inner loops, and the
-    # flattened v4 gained <= 1% from it.
+    # Persistent, not flattened: Triton 3.6 cannot fuse this tile loop with the epilogue's inner loops, and a
+    # flattened (tile, K) loop gained about a percent at most before the slab epilogue
+    # (docs/performance/sparton-head.md, "Design changes and what each was worth").
     for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0)):
         # Grouped order: GROUP_L consecutive tiles run GROUP_L token chunks against one W tile, the next
         # GROUP_L the next W tile, so the tiles in flight touch few chunks and few W tiles and both stay in L2.
@@ -166,9 +167,9 @@ def _activate(x, DOUBLE_LOG: tl.constexpr, FAST_LOG: tl.constexpr):
 def _fast_log1p_relu(x):
     """log1p(relu(x)) as log2(1 + x)·ln 2 on the hardware's approximate log2 (MUFU.LG2). Why: the max is replicated
     across the 4 threads of an MMA quad, so each finished document costs every thread 4 logs, and libdevice's logf (a
-    polynomial of ~20 instructions with range checks) made the per-document loop 236 sm_90 instructions (102 with
-    this); the packed head ran 4-5% slower (benchmarks/NOTES_head.md, v7). Differs from the portable path by ≤ 4.8e-7
-    on the benchmark's shapes (impacts are weights × 100, rounded)."""
+    polynomial with range checks) more than doubles the per-document loop's instructions, and the packed head runs a few
+    percent slower with it (docs/performance/sparton-head.md, "Design changes and what each was worth"). Differs from
+    the portable path by ≤ 4.8e-7 on the benchmark's shapes (impacts are weights × 100, rounded)."""
     u = 1.0 + tl.maximum(x, 0.0)
     return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=f,f", [u], dtype=tl.float32, is_pure=True,
                                      pack=1) * 0.6931471805599453
@@ -226,9 +227,9 @@ def _config(bv: int, bl: int, bk: int, warps: int, stages: int, group: int = 8, 
 # 16-bit inputs: a tile sized for Hopper's wgmma (M = BLOCK_V ≥ 64 per warpgroup) and TMA, ≤ 200 KB of shared
 # memory (stages × (BLOCK_V + BLOCK_L) × BLOCK_K × 2 bytes = 3 × 384 × 64 × 2 = 144 KB); the fp32 accumulator of a
 # 256×128 tile is 128 KB of registers, the most 8 warps hold without spilling. GROUP_L = 64 chunks (8k tokens) stay
-# in L2 while W streams past. One config, launched directly: in the H100 and H200 runs (benchmarks/NOTES_head.md) it
-# was fastest or within noise at every shape, and a second one (128×256, 32-column slabs) only gave the autotuner's
-# short timings a chance to pick it where it is 4–5% slower.
+# in L2 while W streams past. One config, launched directly: on Hopper it is the fastest or within noise at every
+# benchmark shape (docs/performance/sparton-head.md, "Design changes and what each was worth"), and a second one
+# (128×256, 32-column slabs) only gave the autotuner's short timings a chance to pick it where it is slower.
 _CONFIG_16 = _config(256, 128, 64, 8, 3, group=64, slab=16)
 # fp32 inputs take twice the shared memory per element.
 _CONFIGS_32 = [_config(128, 64, 32, 8, 3), _config(64, 64, 32, 4, 3)]
@@ -243,12 +244,12 @@ def _prune(configs: list[triton.Config], named_args: dict, **kwargs: object) -> 
     return kept
 
 
-# fp32 only. cache_results asks Triton to keep the choice on disk for fresh processes, but its autotuner (3.9's source,
-# read here) skips the disk cache when a config has a pre_hook, and each of these has one (the TMA block shapes): an
+# fp32 only. cache_results asks Triton to keep the choice on disk for fresh processes, but its autotuner (as of 3.9's
+# source) skips the disk cache when a config has a pre_hook, and each of these has one (the TMA block shapes): an
 # fp32 run times its two configs once per process and key. 16-bit inputs bypass the autotuner: Triton 3.6 still
 # times a config that pruning left alone, in every process, for every new key, after hashing its own sources for the
-# disk cache's key (0.4 s at the first launch on an H200 host; the timing waits for the GPU's queue): a cold run's
-# first batches waited on it.
+# disk cache's key (a noticeable fraction of a second at the first launch; the timing waits for the GPU's queue): a
+# cold run's first batches would wait on it.
 _splade_max_tuned = triton.autotune(
     configs=_CONFIGS_32,
     key=["H", "V", "LEN_KEY", "ROWS_KEY"],
@@ -261,7 +262,7 @@ _splade_max_tuned = triton.autotune(
 # several K slices.
 INTERPRETER_CONFIG = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_L": 2, "SLAB": 4}
 INTERPRETER_PROGRAMS = 3
-# Triton decides at decoration time, for its own helpers (tl.cdiv, tl.max) too: TRITON_INTERPRET=1 must be set
+# Triton decides at decoration time, for its own functions (tl.cdiv, tl.max) too: TRITON_INTERPRET=1 must be set
 # before triton is first imported.
 INTERPRETED = not isinstance(tl.cdiv, triton.runtime.JITFunction)
 

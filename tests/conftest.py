@@ -48,13 +48,12 @@ def _private_cache() -> None:
     atexit.register(shutil.rmtree, run, ignore_errors=True)
 
 
-# The files that take longest, longest first (seconds in one full run here, each file on one test process): handed
-# out to the test processes in this order, before the many short files (pytest-xdist would order files by test
-# count, which put the one-test SciFact file last, alone at the end of the run). addopts carries
-# --no-loadscope-reorder for this.
-LONGEST_FIRST = ("test_ray.py", "test_scifact.py", "test_pipeline.py", "test_encode_robustness.py",  # 149 89 63 55
-                 "test_encode_workers.py", "test_build.py", "test_faults.py", "test_resume.py",  # 54 47 32 21
-                 "test_search_signals.py")  # 20
+# The files that take longest, longest first (each file on one test process): handed out to the test processes in
+# this order, before the many short files (pytest-xdist would order files by test count, which puts the one-test
+# SciFact file last, alone at the end of the run). addopts carries --no-loadscope-reorder for this.
+LONGEST_FIRST = ("test_ray.py", "test_scifact.py", "test_pipeline.py", "test_encode_robustness.py",
+                 "test_encode_workers.py", "test_build.py", "test_faults.py", "test_resume.py",
+                 "test_search_signals.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -36,7 +36,7 @@ def test_bench_head_reports_rows_without_gpu_samples(tmp_path, capsys):
                      "tokens": tokens, "floor_ms": 2.2, "status": "ok", "ms": ms, "peak_bytes": 2**24,
                      "x_floor": ms / 2.2, "extra_bytes_beyond_output": 2**20, **empty})
     for row in rows:
-        print(bench._fmt(row))  # KeyError: 'sm_mhz' here, before the fix
+        print(bench._fmt(row))  # a row without GPU samples prints (no KeyError on 'sm_mhz')
     meta = {"matmul_bf16_tflops": 690.0, "matmul_state": empty}
     bench.write_results("NVIDIA Test GPU", meta, rows, {}, tmp_path)
     bench.summary(rows, {})
@@ -49,7 +49,7 @@ def test_bench_head_reports_rows_without_gpu_samples(tmp_path, capsys):
 
 
 def test_sample_encode_samples_a_cli_run_from_its_first_import(tmp_path, capsys, monkeypatch):
-    """The stack sampler found the encoder's fixed costs; it must keep running here (CPU, a few documents)."""
+    """The stack sampler shows where an encode's fixed costs go; it must keep running here (CPU, a few documents)."""
     sampler = load("sample_encode")
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"id": str(i), "text": f"protein {i} binds"}) + "\n" for i in range(20)))

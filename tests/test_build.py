@@ -16,13 +16,13 @@ import pytest
 from terminal import on_terminal
 
 from lsr_index.encode.job import EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.engines.lucene import build
-from lsr_index.engines.lucene.writer import DELIMITER, free_delimiter
 from lsr_index.errors import LsrIndexError
 from lsr_index.vectors import shards
 from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.quantize import SparseVectors
+from lsr_index.vectors.shards import DELIMITER, FORM, free_form
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample"
 LSR = [sys.executable, "-m", "lsr_index", "--quiet"]
@@ -80,7 +80,7 @@ def test_direct_index_searches_exactly_like_anserinis(sample_queries, tmp_path, 
     """Top-1000 ids, order and scores of all 60 sample queries; two writers merge into the same results."""
     work, queries, expected = sample_queries
     info = build.build_index(work / fmt, tmp_path / "index", threads=writers, heap="1g", progress=False)
-    assert (info["builder"], info["writers"], info["documents"]) == ("direct", writers, 400)
+    assert (info.builder, info.writers, info.documents) == ("direct", writers, 400)
     assert search(tmp_path / "index", queries) == expected
     assert len(expected) == 60 and sum(len(hits) for hits in expected.values()) > 60 * 300
 
@@ -111,28 +111,33 @@ def test_every_term_is_indexed_with_its_impact(tmp_path, fmt):
 
 
 def test_no_more_writer_processes_than_cores(tmp_path, monkeypatch):
-    """Each writer is a JVM: --threads above the cores available starts one per core (it started one per document
-    range, up to one per document), and the index holds every document."""
-    monkeypatch.setattr(build, "available_cores", lambda: 2)
+    """Each writer is a JVM: --threads above the cores available starts one per core (not one per document range,
+    up to one per document), and the index holds every document."""
+    monkeypatch.setattr(build, "host_cores", lambda: 2)
     write_vectors(tmp_path / "vectors", VOCAB, DOCS, "jsonl")
     info = build.build_index(tmp_path / "vectors", tmp_path / "index", threads=len(DOCS), progress=False)
-    assert (info["writers"], info["threads"], info["documents"]) == (2, len(DOCS), len(DOCS))
+    assert (info.writers, info.threads, info.documents) == (2, len(DOCS), len(DOCS))
 
 
-def test_free_delimiter_avoids_every_character_the_terms_use():
-    assert free_delimiter(["plain", "a|b"]) == "\x02"
+def test_a_free_form_avoids_every_character_the_terms_use():
+    assert free_form(["plain", "a|b"]) == FORM
+    assert free_form(["a b", "c\x01d"]) == "\x02\x03"
     spares = "\x02\x03\x04\x05\x06\x07\x08\x0e\x0f\x10|^~"
-    assert free_delimiter([spares, "\ue000"]) == "\ue001"
+    assert free_form([spares, " \x01", "\ue000"]) == "\ue001\ue002"
 
 
-@pytest.mark.parametrize(("vector", "cause"), [
-    ({0: 3}, "immense term"),  # a term of 40,000 bytes: Lucene's limit is 32,766
-    ({1: INT32_MAX, 2: 1}, "too many tokens"),  # impacts summing past 2^31 - 1
+@pytest.mark.parametrize(("vector", "message"), [
+    ({0: 3}, r"holds the term 'ééé.* of 40,000 UTF-8 bytes, over Lucene's limit of 32,766, which Lucene cannot "
+             "index"),
+    ({1: INT32_MAX, 2: 1}, r"cannot be indexed: .*too many tokens"),  # impacts summing past 2^31 - 1
+    ({3: 4}, r"holds the empty term, which Lucene cannot index"),
 ])
-def test_a_document_lucene_cannot_hold_is_named(tmp_path, vector, cause):
-    write_vectors(tmp_path / "vectors", ["é" * 20_000, "a", "b"], [("fine", {1: 1}), ("bad", vector)], "jsonl")
-    with pytest.raises(LsrIndexError, match=rf"document 'bad' cannot be indexed: .*{cause}.*; nothing was "
-                                            "published"):
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_a_record_lucene_cannot_hold_is_named_with_its_place(tmp_path, vector, message, fmt):
+    write_vectors(tmp_path / "vectors", ["é" * 20_000, "a", "b", ""], [("fine", {1: 1}), ("bad", vector)], fmt)
+    place = re.escape(f"{tmp_path / 'vectors' / 'shards' / f'part-00000.{fmt}'}" + (":2" if fmt == "jsonl" else
+                                                                                     ": row 2"))
+    with pytest.raises(LsrIndexError, match=rf"^{place}: record 'bad' {message}.*; nothing was published$"):
         build.build_index(tmp_path / "vectors", tmp_path / "index", progress=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == [".index.lock", "vectors"]  # nothing else
 
@@ -142,7 +147,7 @@ def test_empty_vectors_are_indexed_by_direct_and_named_by_anserini(tmp_path):
     error names that document instead of only the counts."""
     write_vectors(tmp_path / "vectors", ["a", "b"], [("d0", {0: 2}), ("empty", {}), ("d2", {1: 3})], "jsonl.gz")
     info = build.build_index(tmp_path / "vectors", tmp_path / "direct", progress=False)
-    assert info["documents"] == 3
+    assert info.documents == 3
     assert search(tmp_path / "direct", [("q", {"a": 1, "b": 1})])["q"] == [("d2", 3.0), ("d0", 2.0)]
     with pytest.raises(LsrIndexError, match=r"holds 2 documents but the manifest lists 3; not publishing it: "
                                             r"document 'empty' in .*part-00000.jsonl.gz has an empty vector, "
@@ -150,7 +155,7 @@ def test_empty_vectors_are_indexed_by_direct_and_named_by_anserini(tmp_path):
         build.build_index(tmp_path / "vectors", tmp_path / "anserini", builder="anserini", progress=False)
 
 
-# --- --overwrite replaces only what the build owns (issue 12, class 1) -------------------------------
+# --- --overwrite replaces only what the build owns -----------------------------------------------
 
 def _build_cli(workdir: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([*LSR, "-w", str(workdir), "build", *args], capture_output=True, text=True, timeout=300)
@@ -161,7 +166,8 @@ def _tree(path: Path) -> list[str]:
 
 
 def test_overwrite_never_replaces_the_directory_holding_the_vectors(tmp_path):
-    """`lsr-index -w r build --index r --overwrite` used to delete r/vectors, r/runs and all of r."""
+    """`lsr-index -w r build --index r --overwrite` names the work directory as the index: replacing it would delete
+    r/vectors, r/runs and all of r."""
     work = tmp_path / "r"
     write_vectors(work / "vectors", ["a", "b"], [("d0", {0: 1}), ("d1", {1: 2})], "jsonl")
     (work / "runs").mkdir()
@@ -192,7 +198,7 @@ def test_overwrite_replaces_only_an_index_or_an_empty_directory(tmp_path):
     assert (mine / "notes.txt").read_text() == "keep" and _tree(target) == ["lsr-index.json"]
     (tmp_path / "empty").mkdir()
     for index in (tmp_path / "empty", tmp_path / "empty"):  # an empty directory, then the index built there
-        assert build.build_index(vectors, index, overwrite=True, progress=False)["documents"] == 2
+        assert build.build_index(vectors, index, overwrite=True, progress=False).documents == 2
 
 
 def test_a_replaced_index_held_by_a_search_is_retired_then_removed(tmp_path):
@@ -237,7 +243,7 @@ def test_the_progress_bar_counts_documents_against_the_manifest(tmp_path):
 @pytest.mark.parametrize("fmt", ["jsonl.gz", "parquet"])
 def test_a_manifest_that_miscounts_a_shard_is_refused_not_indexed_short(tmp_path, fmt):
     """The checksum proves a shard is the file encode wrote, not that the manifest's count of its records is: a
-    last shard listed with 1 document of its 3 was indexed as 1 (the other 2 dropped without a word)."""
+    last shard listed with 1 document of its 3 would be indexed as 1 (the other 2 dropped without a word)."""
     out = tmp_path / "vectors"
     write_vectors(out, ["a", "b"], [(f"d{i}", {0: 5, 1: i + 1}) for i in range(9)], fmt)
     body = json.loads((out / "manifest.json").read_text())
@@ -255,8 +261,8 @@ def test_a_manifest_that_miscounts_a_shard_is_refused_not_indexed_short(tmp_path
 
 @pytest.mark.parametrize("heap", ["512", "1m", "abc", "1.5g", "", "4g ", "100000000000000t"])
 def test_a_heap_the_jvm_cannot_take_is_one_line_before_any_writer(tmp_path, heap):
-    """`--heap 512` (bytes, as java reads it) ended in a ValueError traceback: the JVM's refusal on its stdout was
-    parsed as a progress count."""
+    """`--heap 512` (bytes, as java reads it): the JVM's refusal comes on its stdout, where a writer's progress counts
+    come, and read as one it would end in a ValueError traceback."""
     out = tmp_path / "vectors"
     write_vectors(out, ["a"], [("d0", {0: 5})], "jsonl")
     done = subprocess.run([*LSR, "build", "--vectors", str(out), "--index", str(tmp_path / "index"), "--heap", heap],

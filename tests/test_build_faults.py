@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.lucene, pytest.mark.slow]
 @pytest.fixture(scope="module")
 def vectors(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("faults") / "vectors"
-    synthetic_vectors(out, docs=40_000, terms=30, shard_docs=10_000)  # two writers: ~10 s each on 2 cores
+    synthetic_vectors(out, docs=40_000, terms=30, shard_docs=10_000)  # two writers, each busy long enough to be hit
     return out
 
 
@@ -32,7 +32,8 @@ def _writers(pid: int) -> list[int]:
 
 
 def _start(vectors: Path, index: Path) -> tuple[subprocess.Popen, list[int]]:
-    """`lsr-index build` in a session of its own (as a terminal runs it), returned once both writers write."""
+    """`lsr-index build` leading a process group of its own (as a terminal runs it), returned once both writers
+    write."""
     proc = subprocess.Popen([*LSR, "build", "--vectors", str(vectors), "--index", str(index), "--heap", "1g",
                              "--threads", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
                             start_new_session=True)
@@ -65,6 +66,8 @@ def test_sigkill_of_the_build_kills_its_writers_and_a_rerun_succeeds(vectors, tm
     done = subprocess.run([*LSR, "build", "--vectors", str(vectors), "--index", str(index), "--heap", "1g"],
                           capture_output=True, text=True, env=ENV, timeout=600)
     assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines() == [f"note: removed {tmp_path / f'.index.building-{proc.pid}'}, the work "
+                                        f"directory of an earlier build of {index} that was killed"]
     assert json.loads((index / "lsr-index.json").read_text())["documents"] == 40_000
     assert leftovers(tmp_path) == []
 
@@ -79,6 +82,21 @@ def test_ctrl_c_stops_the_writers_and_leaves_nothing(vectors, tmp_path):
     assert proc.returncode == 130 and "Traceback" not in stderr
     assert stderr.strip().splitlines() == ["interrupted: rerun the same command to continue where it stopped"]
     assert not any(map(alive, writers)) and not index.exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_build_alone_stops_it_and_removes_its_work(vectors, tmp_path, how):
+    """`kill PID` (SIGTERM, a scheduler's stop), or SIGINT to the build process only: its writers stop, its work
+    directory goes, and it ends by SIGTERM (143 in a shell) or as interrupted (130); nothing is left beside the
+    index but its lock file."""
+    index = tmp_path / "index"
+    proc, writers = _start(vectors, index)
+    os.kill(proc.pid, how)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == (-signal.SIGTERM if how == signal.SIGTERM else 130), stderr
+    assert "Traceback" not in stderr
+    assert all(wait_dead(w, 10) for w in writers), "a writer outlived its stopped build"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".index.lock"]
 
 
 @pytest.fixture

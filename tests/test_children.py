@@ -114,7 +114,8 @@ def test_a_forked_childs_exit_code_is_its_entrys():
 
 
 def test_the_callers_signal_handlers_are_not_the_forked_childs():
-    """A caller's SIGTERM handler (search installs one) ran inside the child, and `close` then saw exit code 1."""
+    """A caller's SIGTERM handler (search installs one) must not run inside a forked child: it would handle the
+    child's SIGTERM, and `close` would see exit code 1."""
     previous = signal.signal(signal.SIGTERM, lambda *_: print("the caller's handler ran", flush=True))
     try:
         child = PythonChild("test_children:echo_main", "a child", fork=True)
@@ -158,8 +159,8 @@ CTRL_C_AT_FORK = textwrap.dedent("""
 
 
 def test_ctrl_c_reaching_a_child_as_it_forks_never_runs_the_callers_code():
-    """Delivered before the child ignored it, the parent's KeyboardInterrupt was raised in the child at the fork,
-    and the child went on as the caller: its cleanup, the rest of its script."""
+    """Delivered before the child ignores it, a Ctrl-C would raise the parent's KeyboardInterrupt in the child at the
+    fork, and the child would go on as the caller: its cleanup, the rest of its script."""
     run = subprocess.run([sys.executable, "-c", CTRL_C_AT_FORK, os.path.dirname(__file__)], capture_output=True,
                          text=True, timeout=300)
     lines = run.stdout.splitlines()
@@ -223,8 +224,9 @@ AT_A_STEP = textwrap.dedent("""
     ("no-descriptor-after-the-fork", "raised LsrIndexError [Errno 24] Too many open files"),
 ])
 def test_an_interrupted_or_failed_start_leaves_no_child_no_descriptor_and_no_signal_blocked(step, raised):
-    """A handler's exception at the mask's restore used to leave the child untracked and unreaped, or the parent with
-    every signal blocked; a failure after the fork with SIGCHLD ignored gave 'No child processes' and kept a pipe."""
+    """A handler's exception at the mask's restore must leave no child untracked and unreaped, and no parent with
+    every signal blocked; a failure after the fork with SIGCHLD ignored must not end in 'No child processes' with a
+    pipe kept open."""
     run = subprocess.run([sys.executable, "-c", AT_A_STEP, os.path.dirname(__file__), step], capture_output=True,
                          text=True, timeout=300)
     assert run.stdout.splitlines() == [raised, "blocked 0 new descriptors 0", "children []"], (run.stdout,
@@ -245,8 +247,8 @@ CTRL_Z_AT_FORK = textwrap.dedent("""
     child = PythonChild("test_children:echo_main", "the child", fork=True)
     deadline = time.time() + 120
     state = "R"
-    while state == "R" and time.time() < deadline:  # running: not yet waiting on its stdin, or stopped ("T")
-        time.sleep(0.05)
+    while state not in ("S", "T", "t") and time.time() < deadline:  # waiting on its stdin, or stopped for good
+        time.sleep(0.05)  # "R" or, on a busy machine, "D" (reading a file): still starting
         state = open(f"/proc/{child.process.pid}/stat").read().rsplit(")", 1)[1].split()[0]
     print(state, flush=True)
     child.close()
@@ -255,8 +257,8 @@ CTRL_Z_AT_FORK = textwrap.dedent("""
 
 
 def test_ctrl_z_reaching_a_child_as_it_forks_does_not_stop_it_for_good():
-    """Held back until the child had left the terminal's group, it stopped the child where the shell's `fg` never
-    continues it; the parent then waited on it."""
+    """Held back until the child has left the terminal's group, a Ctrl-Z would stop the child where the shell's `fg`
+    never continues it, and the parent would wait on it for good."""
     run = subprocess.run([sys.executable, "-c", CTRL_Z_AT_FORK, os.path.dirname(__file__)], capture_output=True,
                          text=True, timeout=300)
     assert run.stdout.split() == ["S", str(-signal.SIGTERM)], (run.stdout, run.stderr)

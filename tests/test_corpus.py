@@ -169,13 +169,15 @@ def test_a_file_listed_twice_is_refused(tmp_path):
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 10, 1024])
-def test_batches_respect_batch_size_across_files(tmp_path, batch_size):
+def test_batches_respect_batch_size_and_end_with_each_unit(tmp_path, batch_size):
+    """A batch never spans two units (here two files): any division of the units among readers gives the same
+    batches."""
     first = write_jsonl(tmp_path / "a.jsonl", [{"id": f"a{i}", "text": "t"} for i in range(7)])
     second = write_records(tmp_path, "parquet", [{"id": f"b{i}", "text": "t"} for i in range(6)], name="b")
     batches = list(CorpusReader([first, second], batch_size=batch_size))
     assert all(0 < b.num_rows <= batch_size for b in batches)
-    assert sum(b.num_rows for b in batches) == 13
-    assert len(batches) == -(-13 // batch_size)  # full batches span file boundaries
+    assert [b.num_rows for b in batches] == [min(batch_size, 7 - k) for k in range(0, 7, batch_size)] + \
+        [min(batch_size, 6 - k) for k in range(0, 6, batch_size)]
 
 
 def test_batches_are_flushed_early_when_texts_are_huge(tmp_path, monkeypatch):
@@ -490,8 +492,8 @@ def test_string_array_holds_exactly_the_strings_pa_array_would(values):
 
 
 def test_reading_a_corpus_does_not_import_pandas(tmp_path):
-    """pyarrow imports pandas at its first conversion of a Python list, wherever pandas is installed: 0.3 s on the
-    path to an encode's first batch."""
+    """pyarrow imports pandas at its first conversion of a Python list, wherever pandas is installed: a noticeable
+    fraction of a second on the path to an encode's first batch."""
     path = write_jsonl(tmp_path / "c.jsonl", [{"id": "a", "text": "x"}, {"id": "b", "text": "é"}])
     code = ("import sys; from lsr_index.inputs.corpus import CorpusReader; "
             f"assert [b.num_rows for b in CorpusReader({str(path)!r})] == [2]; print('pandas' in sys.modules)")

@@ -56,7 +56,8 @@ def test_truncated_data_is_refused_naming_the_last_line_read(tmp_path, suffix, o
 @pytest.mark.parametrize("suffix", SUFFIXES)
 @pytest.mark.parametrize("tail", [b"garbage after the stream", b"\x00" * 16])
 def test_bytes_after_the_last_stream_are_refused(tmp_path, suffix, tail):
-    """bz2 and xz readers used to stop at them silently: a damaged second stream lost its documents."""
+    """Bytes after the last stream are damage, not padding: a reader that stopped at them silently would lose the
+    documents of a damaged second stream."""
     path = tmp_path / f"c.jsonl{suffix}"
     path.write_bytes(compressor(suffix)(lines(0, 20)) + tail)
     with pytest.raises(InputError, match="compressed data is truncated or corrupt after line 20"):

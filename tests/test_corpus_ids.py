@@ -1,4 +1,4 @@
-"""Document ids the output formats cannot hold are refused at the reader (issue 12, class 3): run and qrels
+"""Document ids the output formats cannot hold are refused at the reader: run and qrels
 files are whitespace-separated, and Lucene cannot index a term over 32,766 UTF-8 bytes."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader, Fields
 from lsr_index.inputs.ids import MAX_ID_BYTES, check_id
 
-# The issue's cases: each would be written into a run file as more (or fewer) columns than it is.
+# Ids that would be written into a run file as more (or fewer) columns than they are.
 SPLIT_IDS = {
     "space": "a b",
     "tab": "a\tb",
@@ -84,7 +84,8 @@ def test_an_id_a_run_file_cannot_hold_fails_with_file_and_row(tmp_path, kind, do
 
 @pytest.mark.parametrize("kind", ["jsonl", "parquet"])
 def test_refused_ids_are_skipped_and_listed(tmp_path, kind):
-    """The issue's corpus: "rel " once merged with "rel" in a run file and changed nDCG@10."""
+    """An id with whitespace ("rel " would merge with "rel" in a run file and change nDCG@10) and one over Lucene's
+    limit are skipped and listed with their line."""
     path = write(tmp_path, kind, ["rel", "mid", "rel ", "x" * (MAX_ID_BYTES + 1)])
     reader = CorpusReader(path, on_error="skip")
     assert [i for b in reader for i in b.column("id").to_pylist()] == ["rel", "mid"]

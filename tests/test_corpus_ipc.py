@@ -104,7 +104,8 @@ def test_a_file_with_a_corrupt_footer_length_is_refused(tmp_path):
 
 @pytest.mark.parametrize("kind", ["parquet", "arrow"])
 def test_a_column_named_twice_is_refused_by_name(tmp_path, kind):
-    """Arrow cannot select a duplicated column by name: it ended in a KeyError traceback."""
+    """Arrow cannot select a duplicated column by name (a KeyError traceback): the file is refused in one line that
+    names the column."""
     import pyarrow.parquet as pq
 
     table = pa.Table.from_arrays([TABLE["id"], TABLE["text"], TABLE["text"]], names=["id", "text", "text"])

@@ -1,5 +1,5 @@
 """Which files a corpus source names: every file in a directory or matched by a pattern is read or refused
-by name (issue 12, class 5), with the one documented exception of names starting with "." or "_"."""
+by name, with the one documented exception of names starting with "." or "_"."""
 
 from __future__ import annotations
 
@@ -31,8 +31,9 @@ def ids_read(reader: CorpusReader) -> list[str]:
     return [i for batch in reader for i in batch.column("id").to_pylist()]
 
 
-def test_the_issue_directory_every_document_is_read(tmp_path):
-    """35 documents in 7 files, of which the reader used to take 10 and pass over the rest, exit 0."""
+def test_a_directory_of_every_corpus_suffix_is_read_whole(tmp_path):
+    """35 documents in 7 files of every JSONL suffix and compression, in either case: every file is read, and none is
+    passed over while the run exits 0."""
     names = ["a.jsonl", "b.jsonl.xz", "c.jsonl.bz2", "d.ndjson", "e.JSONL", "f.jsonl.gz", "g.NDJSON.GZ"]
     expected = []
     for name in names:
@@ -148,7 +149,7 @@ def make_loops(root: Path) -> Path:
 
 
 def test_a_double_star_pattern_over_symlink_loops_ends_and_reads_each_file_once(tmp_path):
-    """A real process with a deadline: with two loops, the old glob ran for good."""
+    """A real process with a deadline: with two loops, a glob that follows every link would run for good."""
     d = make_loops(tmp_path)
     code = ("import sys; from lsr_index.inputs.corpus import CorpusReader as R; "
             "print([str(p) for p in R(sys.argv[1]).files])")

@@ -16,7 +16,8 @@ from procs import alive, children
 
 from lsr_index.encode import feed, sink, task
 from lsr_index.encode.job import Assignment, EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
+from lsr_index.encode.units import Units
 from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.vectors.manifest import Manifest
 
@@ -43,7 +44,7 @@ def test_the_input_process_writes_what_the_threads_write(tmp_path, monkeypatch):
     threads = encode(source, tmp_path / "threads", False, monkeypatch, on_error="skip", doc_max_length=16)
     process = encode(source, tmp_path / "process", True, monkeypatch, on_error="skip", doc_max_length=16)
     assert [s.sha256 for s in process.shards] == [s.sha256 for s in threads.shards] and len(process.shards) == 2
-    assert process.truncation == threads.truncation and process.truncation["documents"] > 0
+    assert process.truncation == threads.truncation and process.truncation.documents > 0
     assert process.docs == threads.docs == 298 and process.skipped == threads.skipped == 2
     report = (tmp_path / "process" / "skipped.jsonl").read_text()
     assert report == (tmp_path / "threads" / "skipped.jsonl").read_text() and f"{source}" in report
@@ -62,32 +63,31 @@ def test_a_bad_record_read_in_the_input_process_is_one_line_naming_file_and_line
     assert not children(_self_pid(), b"input_main")
 
 
-@pytest.mark.parametrize(("stop_at", "resume_at"), [(512, 512), (300, 364)])
+@pytest.mark.parametrize(("stop_at", "resume_at"), [(512, 512), (768, 768)])
 def test_a_resumed_run_reads_its_checkpoints_in_the_input_process(tmp_path, monkeypatch, stop_at, resume_at):
-    """A checkpointed shard (chunks on disk) is finished by a later run reading in the input process: the same
-    bytes as one uninterrupted run. The reader's batches hold 256 documents here (the window), and the task's first
-    ones are cut finer (feed._Ramp: 32, 48, 72, 104, then 108, 148), so a checkpoint can end inside a batch
-    (364), which the rerun's reader must split the same way."""
+    """A run stopped after some chunks (one a piece here: checkpoint_seconds 0) is finished by a later run reading in
+    the input process: the same bytes as one uninterrupted run. The reader's batches hold 256 documents (the window),
+    cut at the shard edge 600: a run stopped at 768 has published shard 0 from its three chunks."""
     source = tmp_path / "c.jsonl"
     source.write_text("".join(json.dumps({"id": f"d{i}", "text": f"passage {i} about {i % 23}"}) + "\n"
                               for i in range(900)))
     whole = encode(source, tmp_path / "whole", False, monkeypatch, shard_docs=600, max_tokens=4096)
     out = tmp_path / "resumed"
-    real_record = sink.ShardSink._write
+    real_write = sink.ChunkSink._write
 
-    def stop_after_first_chunk(self, shards, shard, start, *rest):
-        if start >= stop_at:
+    def stop_at_a_piece(self, chunk, piece, *rest):
+        if piece.start >= stop_at:
             raise KeyboardInterrupt
-        return real_record(self, shards, shard, start, *rest)
+        return real_write(self, chunk, piece, *rest)
 
-    monkeypatch.setattr(sink.ShardSink, "_write", stop_after_first_chunk)
+    monkeypatch.setattr(sink.ChunkSink, "_write", stop_at_a_piece)
     with pytest.raises(KeyboardInterrupt):
         encode(source, out, False, monkeypatch, shard_docs=600, max_tokens=4096, checkpoint_seconds=0)
-    monkeypatch.setattr(sink.ShardSink, "_write", real_record)
-    last = Manifest.load(out).chunks[-1]  # the checkpoint to resume from
-    assert last.start + last.docs == resume_at
+    monkeypatch.setattr(sink.ChunkSink, "_write", real_write)
+    stopped = Manifest.load(out)
+    assert stopped.docs + sum(c.docs for c in stopped.chunks) == resume_at
     resumed = encode(source, out, True, monkeypatch, shard_docs=600, max_tokens=4096, checkpoint_seconds=0)
-    assert resumed.stats["resumed_at"] == resume_at and resumed.stats["docs_this_run"] == 900 - resume_at
+    assert resumed.stats.resumed_at == resume_at and resumed.stats.docs_this_run == 900 - resume_at
     assert [s.sha256 for s in resumed.shards] == [s.sha256 for s in whole.shards] and not resumed.chunks
 
 
@@ -97,10 +97,14 @@ PARENT = textwrap.dedent("""
     from lsr_index.encode.feed import InputProcess
     from lsr_index.encode.job import Assignment
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.model.load import load_tokenizer
+    from lsr_index.model.ref import ModelRef
+    from lsr_index.encode.units import Units
 
     job = EncodeJob(inputs=(sys.argv[1],), options=EncodeOptions(shard_docs=64, progress=False))
-    stream = InputProcess(job, Assignment(), load_tokenizer("splade-tiny").backend_tokenizer.to_str())
+    reader = job.reader()
+    units = Units(reader.units(), reader.sequencer(reader.units()))
+    stream = InputProcess(job, Assignment(), units,
+                          ModelRef.resolve("splade-tiny").tokenizer().backend_tokenizer.to_str())
     next(stream)  # started and sending; it now waits for this process to read on
     print(stream._child.process.pid, flush=True)
     time.sleep(600)
@@ -126,11 +130,12 @@ def test_the_input_process_ends_with_a_killed_parent(tmp_path):
 
 def input_process(source: Path, shard_docs: int = 32) -> feed.InputProcess:
     from lsr_index.encode.job import EncodeJob as Job
-    from lsr_index.model.load import load_tokenizer
+    from lsr_index.model.ref import ModelRef
 
     job = Job(inputs=(str(source),), options=EncodeOptions(shard_docs=shard_docs, progress=False))
-    return feed.InputProcess(job, Assignment(),
-                                      load_tokenizer("splade-tiny").backend_tokenizer.to_str())
+    reader = job.reader()
+    return feed.InputProcess(job, Assignment(), Units(reader.units(), reader.sequencer(reader.units())),
+                             ModelRef.resolve("splade-tiny").tokenizer().backend_tokenizer.to_str())
 
 
 def test_closing_the_stream_early_ends_the_input_process():
@@ -164,7 +169,7 @@ def test_nothing_the_input_process_prints_or_finds_in_the_directory_disturbs_it(
     monkeypatch.setenv("PYTHONPATH", str(site))
     monkeypatch.chdir(tmp_path)
     stream = input_process(SAMPLE, shard_docs=150)
-    assert sum(p.rows.num_rows for p, *_ in stream) == 400 and stream.total_docs == 400
+    assert [(p.start, p.rows.num_rows) for p, *_ in stream] == [(0, 150), (150, 150), (300, 100)]
     stream.close()
     assert "hello from sitecustomize" in capfd.readouterr().out
 
@@ -172,14 +177,14 @@ def test_nothing_the_input_process_prints_or_finds_in_the_directory_disturbs_it(
 def test_a_tokenizer_with_python_parts_keeps_to_threads():
     from tokenizers import pre_tokenizers
 
-    from lsr_index.model.load import load_tokenizer
+    from lsr_index.model.ref import ModelRef
     from lsr_index.model.tokens import TextTokenizer
 
     class Words:
         def pre_tokenize(self, pretok):
             pretok.split(lambda i, s: s.split())
 
-    backend = load_tokenizer("splade-tiny").backend_tokenizer
+    backend = ModelRef.resolve("splade-tiny").tokenizer().backend_tokenizer
     custom = type(backend).from_str(backend.to_str())
     custom.pre_tokenizer = pre_tokenizers.PreTokenizer.custom(Words())
     assert feed.serialized_tokenizer(TextTokenizer(custom)) is None

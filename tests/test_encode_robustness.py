@@ -1,5 +1,5 @@
 """Encode stage: ownership of what it deletes and writes, validated settings, O(1) manifest updates per shard,
-resuming after a fixed or changed input, checkpoints inside a shard, truncation reported (issues 12, 18)."""
+resuming after a fixed or changed input, checkpoints inside a shard, truncation reported."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ import textwrap
 import threading
 import time
 import zlib
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import kept_line, run_cli
 from procs import alive
 
 from lsr_index.encode import plan as encode_module
 from lsr_index.encode.job import EncodeJob, EncodeOptions, input_digest
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader
 from lsr_index.vectors.manifest import Manifest
@@ -100,8 +101,8 @@ def test_overwrite_does_not_write_into_a_foreign_directory(tmp_path):
 
 @pytest.mark.parametrize("manifest", ['{"name": "x"}', "[1, 2]", "{damaged", None])
 def test_overwrite_refuses_a_directory_whose_manifest_is_not_an_encodes(tmp_path, manifest):
-    """A manifest.json that is not lsr-index's let --overwrite replace it, delete a file named like a shard and write
-    beside the user's data; a refused directory is left without even a lock file."""
+    """A manifest.json that is not lsr-index's must not let --overwrite replace it, delete a file named like a shard
+    and write beside the user's data: the directory is refused, and left without even a lock file."""
     out = tmp_path / "theirs"
     (out / "shards").mkdir(parents=True)
     (out / "shards" / "part-00000.jsonl").write_text("keep\n")
@@ -116,7 +117,8 @@ def test_overwrite_refuses_a_directory_whose_manifest_is_not_an_encodes(tmp_path
 
 
 def test_a_link_loop_among_the_inputs_is_named_not_a_traceback(tmp_path):
-    """The output's exclusion resolved every entry before the usual checks: a link loop raised RuntimeError."""
+    """Excluding the output resolves every input entry before the usual checks: a link loop there must be the usual
+    one-line refusal, not a RuntimeError traceback."""
     corpus = tmp_path / "c"
     corpus.mkdir()
     (corpus / "a.jsonl").write_text("\n".join(sample_lines(5)) + "\n")
@@ -128,9 +130,9 @@ def test_a_link_loop_among_the_inputs_is_named_not_a_traceback(tmp_path):
 
 
 def test_an_output_made_inside_the_corpus_directory_is_not_read_back(tmp_path):
-    """`cd corpus && lsr-index encode .` makes ./lsr-out among the corpus files: the rerun failed ("subdirectories of
-    a corpus directory are not searched"), and a pattern such as dir/**/*.json read the output's manifest.json as
-    input (52 bad records, skipped without a word under --on-error skip)."""
+    """`cd corpus && lsr-index encode .` makes ./lsr-out among the corpus files: read back, it would fail the rerun
+    ("subdirectories of a corpus directory are not searched"), and a pattern such as dir/**/*.json would read the
+    output's manifest.json as input (bad records, skipped without a word under --on-error skip)."""
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     (corpus / "a.json").write_text("\n".join(sample_lines(40)) + "\n")
@@ -274,7 +276,7 @@ def test_fixing_a_bad_record_keeps_the_shards_before_it_and_a_changed_one_is_ree
     done = encode(corpus, tmp_path / "v", max_tokens=4096)
     assert done.complete and done.docs == 400
     # shard 0 (documents 0..63) changed and is encoded again, shards 1..3 are kept, 4..6 are new
-    assert done.stats["stale_parts_reencoded"] == 1 and done.stats["docs_this_run"] == 64 + 144
+    assert done.stats.stale_parts_reencoded == 1 and done.stats.docs_this_run == 64 + 144
     reader = CorpusReader([str(corpus)], batch_size=1000, max_chars=32 * 100)
     batch = next(iter(reader))
     ids, texts = batch.column("id").to_pylist(), batch.column("text").to_pylist()
@@ -289,8 +291,8 @@ def _broken_at_300(corpus: Path) -> list[str]:
 
 
 def test_a_recorded_shard_lost_or_damaged_since_is_encoded_again(tmp_path):
-    """A resume checked the recorded parts' input, not their files: a deleted shard stayed listed and the run
-    ended "complete" over the gap."""
+    """A resume checks the recorded parts' files as well as their input: checked on input alone, a deleted shard
+    would stay listed and the run end "complete" over the gap."""
     corpus = tmp_path / "c.jsonl"
     lines = _broken_at_300(corpus)
     with pytest.raises(LsrIndexError, match=r"c\.jsonl:300"):
@@ -302,7 +304,7 @@ def test_a_recorded_shard_lost_or_damaged_since_is_encoded_again(tmp_path):
     damaged.write_bytes(damaged.read_bytes()[:-10])
     corpus.write_text("\n".join(lines) + "\n")
     done = encode(corpus, tmp_path / "v", max_tokens=4096)
-    assert done.complete and done.stats["stale_parts_reencoded"] == 2 and done.stats["docs_this_run"] == 400 - 128
+    assert done.complete and done.stats.stale_parts_reencoded == 2 and done.stats.docs_this_run == 400 - 128
     reference = tmp_path / "whole.jsonl"
     reference.write_text("\n".join(lines) + "\n")
     whole = encode(reference, tmp_path / "w", max_tokens=4096)
@@ -310,8 +312,8 @@ def test_a_recorded_shard_lost_or_damaged_since_is_encoded_again(tmp_path):
 
 
 def test_a_damaged_checkpoint_is_encoded_again_from_where_it_starts(tmp_path):
-    """Recorded chunks were concatenated into the shard unchecked: a half chunk made a "complete" shard that
-    decompressed only in part."""
+    """Recorded chunks are checked before they are joined into the shard: joined unchecked, a half chunk would make
+    a "complete" shard that decompresses only in part."""
     corpus = tmp_path / "c.jsonl"
     lines = [json.dumps({**json.loads(line), "id": f"{k}-{n}"}) for k in range(2) for n, line in
              enumerate(sample_lines())]  # 800: two pieces of 256 encoded (and checkpointed) before the bad record
@@ -326,15 +328,15 @@ def test_a_damaged_checkpoint_is_encoded_again_from_where_it_starts(tmp_path):
     corpus.write_text("\n".join(lines) + "\n")
     done = encode(corpus, tmp_path / "v", max_tokens=4096, shard_docs=1000, checkpoint_seconds=0,
                   output_format="jsonl.gz")
-    assert done.complete and done.stats["resumed_at"] == chunks[0].docs
-    assert done.stats["stale_parts_reencoded"] == len(chunks) - 1
+    assert done.complete and done.stats.resumed_at == sum(c.docs for c in chunks) - chunks[1].docs
+    assert done.stats.stale_parts_reencoded == 1  # the chunks after it are independent of it: kept
     encode(corpus, tmp_path / "w", max_tokens=4096, shard_docs=1000, output_format="jsonl.gz")
     assert vectors_of(tmp_path / "v") == vectors_of(tmp_path / "w")
 
 
 def test_a_run_stopped_at_a_bad_record_resumes_under_on_error_skip(tmp_path):
-    """The error says "rerun with --on-error skip"; that rerun refused the partial encoding as made with other
-    input and asked for --overwrite, which discards the shards before the bad record."""
+    """The error says "rerun with --on-error skip"; that rerun keeps the shards encoded before the bad record, rather
+    than refusing them as made from other input and asking for --overwrite, which would discard them."""
     corpus = tmp_path / "c.jsonl"
     _broken_at_300(corpus)
     with pytest.raises(LsrIndexError, match=r"c\.jsonl:300.*--on-error skip"):
@@ -342,11 +344,11 @@ def test_a_run_stopped_at_a_bad_record_resumes_under_on_error_skip(tmp_path):
     job = EncodeJob(inputs=(str(corpus),), on_error="skip", options=EncodeOptions(
         doc_max_length=32, shard_docs=64, progress=False, output_format="jsonl", max_tokens=4096))
     done = encode_corpus(job, tmp_path / "v")
-    assert done.complete and done.stats["resumed_at"] == 256 and done.docs == 399 and done.skipped == 1
-    assert done.input["on_error"] == "skip"
+    assert done.complete and done.stats.resumed_at == 256 and done.docs == 399 and done.skipped == 1
+    assert done.input.on_error == "skip"
 
 
-# --- issue 18: truncation reported; text past what the tokenizer keeps is not held whole ---------------
+# --- truncation reported; text past what the tokenizer keeps is not held whole ---------------
 
 def test_truncated_documents_are_counted_and_the_longest_measured(tmp_path, splade_tiny):
     records = [json.loads(line) for line in sample_lines(40)]
@@ -356,18 +358,17 @@ def test_truncated_documents_are_counted_and_the_longest_measured(tmp_path, spla
     manifest = encode(corpus, tmp_path / "v", doc_max_length=64, shard_docs=16)
     tokenizer = splade_tiny.tokenizer
     lengths = [len(tokenizer(r["text"][:64 * 100])["input_ids"]) for r in records]
-    assert manifest.truncation == {"documents": sum(n > 64 for n in lengths),
-                                   "share": round(sum(n > 64 for n in lengths) / len(records), 6),
-                                   "longest_tokens": max(lengths), "cut_at_characters": 1}
-    assert json.loads((tmp_path / "v" / "manifest.json").read_text())["truncation"] == manifest.truncation
+    assert asdict(manifest.truncation) == {"documents": sum(n > 64 for n in lengths),
+                                           "share": round(sum(n > 64 for n in lengths) / len(records), 6),
+                                           "longest_tokens": max(lengths), "cut_at_characters": 1}
+    assert json.loads((tmp_path / "v" / "manifest.json").read_text())["truncation"] == asdict(manifest.truncation)
 
 
-# --- issue 18: a checkpoint inside a shard; a kill loses at most the piece in progress ------------------
+# --- a checkpoint inside a shard; a kill loses at most the piece in progress ------------------
 
 def encode_checkpointed(corpus: Path, out: Path, fmt: str, checkpoint: float) -> Manifest:
     """The kill test's runs, in this process or in DRIVER's: one shard (the default shard_docs) in pieces of up to
-    256 documents (the first ones cut finer: feed._Ramp), checkpointed at the first piece end past
-    `checkpoint` seconds."""
+    256 documents, checkpointed at the first piece end past `checkpoint` seconds."""
     return encode(corpus, out, output_format=fmt, checkpoint_seconds=checkpoint, max_tokens=4096,
                   shard_docs=EncodeOptions().shard_docs)
 
@@ -415,7 +416,7 @@ def test_a_kill_inside_a_shard_keeps_its_checkpoints_and_resumes_byte_identical(
     checkpointed = sum(c.docs for c in at_kill.chunks)
     assert not at_kill.shards and len(at_kill.chunks) >= 2 and checkpointed >= 80
     resumed = encode_checkpointed(corpus, out, fmt, 0.0)  # the rerun, in this process
-    assert (resumed.stats["docs_this_run"], resumed.stats["resumed_at"]) == (total - checkpointed, checkpointed)
+    assert (resumed.stats.docs_this_run, resumed.stats.resumed_at) == (total - checkpointed, checkpointed)
     assert [(s.docs, s.nonzeros, s.input) for s in resumed.shards] == \
         [(s.docs, s.nonzeros, s.input) for s in reference.shards]
     assert vectors_of(out) == vectors_of(tmp_path / "whole")
@@ -430,8 +431,9 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
     import numpy as np
     import pyarrow as pa
 
-    from lsr_index.encode.job import Assignment, Piece, PieceStats
-    from lsr_index.encode.sink import ShardSink
+    from lsr_index.encode.job import Piece, PieceStats
+    from lsr_index.encode.plan import publish_shard
+    from lsr_index.encode.sink import ChunkSink
     from lsr_index.vectors import shards
     from lsr_index.vectors.quantize import SparseVectors
     from lsr_index.vectors.serializers import SerializerPool
@@ -454,34 +456,33 @@ def test_serializer_processes_write_the_bytes_the_writer_thread_writes(tmp_path,
         (out / "shards").mkdir(parents=True)
         published = []
         job = EncodeJob(inputs=("unused",), options=EncodeOptions(shard_docs=20, output_format="jsonl.gz"))
-        sink = ShardSink(out, job, vocab, published.append, pool if serializers else None, serializers,
-                          Assignment())
+        sink = ChunkSink(out, job, vocab, published.append, pool if serializers else None, serializers)
         start = 0
-        for i, (ids, vectors) in enumerate(chunks):
+        for ids, vectors in chunks:
             rows = pa.record_batch([pa.array(ids)], names=["id"])
-            sink.put(Piece(0, start, rows, last=i == len(chunks) - 1), ids, vectors, PieceStats())
+            sink.put(Piece(0, start, rows), ids, vectors, PieceStats(), time.monotonic())
             start += len(ids)
         sink.close()
         assert [s.docs for s in published] == [20]
-        shas.append(published[0].sha256)
-        data, members = (out / published[0].file).read_bytes(), 0
+        shard = publish_shard(out, 0, published, "jsonl.gz", 0)  # one chunk: it becomes the shard
+        shas.append(shard.sha256)
+        data, members = (out / shard.file).read_bytes(), 0
         while data:
             inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
             inflate.decompress(data)
             data, members = inflate.unused_data, members + 1
         assert members == 6
-        assert [doc for doc, _ in read_shard(out / published[0].file)] == [d for ids, _ in chunks for d in ids]
+        assert [doc for doc, _ in read_shard(out / shard.file)] == [d for ids, _ in chunks for d in ids]
     pool.close()
     assert shas[0] == shas[1] == shas[2]
 
 
 def test_cpu_encoding_reuses_its_large_blocks_instead_of_faulting_them_in(tmp_path):
-    """CPU encoding frees and reallocates blocks of tens of MB per batch (the body's activations; the LM head's
-    logits blocks did too before they were cut to cache size): served by mmap, every block faulted in fresh pages
-    (a third of CPU encode time was system time). A second encode in the same process, once the blocks exist, must
-    fault in far fewer pages than the ~30 per token that mmap'd blocks cost: at most 8 (runs measured 0.6–4.4: a
-    thread that lands in a fresh malloc arena faults its blocks in once). Counted in a fresh process: the faults of a
-    process that ran other tests first are not this encoder's."""
+    """CPU encoding frees and reallocates blocks of tens of MB per batch (the body's activations): served by mmap, every
+    block would fault in fresh pages, and system time would be a large share of a CPU encode. A second encode in the
+    same process, once the blocks exist, must fault in far fewer pages than the ~30 per token that mmap'd blocks cost:
+    at most 8, not 0 (a thread that lands in a fresh malloc arena faults its blocks in once). Counted in a fresh
+    process: the faults of a process that ran other tests first are not this encoder's."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("\n".join(sample_lines(128)) + "\n")
     code = f"""
@@ -492,8 +493,8 @@ from pathlib import Path
 encode(Path({str(corpus)!r}), Path({str(tmp_path / "first")!r}), doc_max_length=128, shard_docs=128)
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 manifest = encode(Path({str(corpus)!r}), Path({str(tmp_path / "second")!r}), doc_max_length=128, shard_docs=128)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, manifest.stats["tokens_per_second"]
-      * manifest.stats["seconds"])
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, manifest.stats.tokens_per_second
+      * manifest.stats.seconds)
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -631,8 +632,8 @@ def test_a_closed_prefetch_stops_reading_and_its_thread_ends():
 
 @pytest.mark.slow
 def test_sigterm_saves_what_is_recorded_says_so_and_the_rerun_continues(tmp_path):
-    """A scheduler's SIGTERM ended the process where it stood: no message, and the parts recorded since the last
-    once-a-second save were lost (their files deleted as leftovers by the rerun)."""
+    """A scheduler's SIGTERM does not end the process where it stands: it says so and saves the parts recorded since
+    the last once-a-second save, which would otherwise be lost (their files deleted as leftovers by the rerun)."""
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({**json.loads(line), "id": f"{k}-" + json.loads(line)["id"]}) + "\n"
                               for k in range(4) for line in sample_lines()))
@@ -647,20 +648,20 @@ def test_sigterm_saves_what_is_recorded_says_so_and_the_rerun_continues(tmp_path
     assert proc.poll() is None, "the run ended before it could be terminated"
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 143 and err.strip() == "terminated: rerun the same command to continue where it stopped"
     at_stop = Manifest.load(out)
+    assert proc.returncode == 143 and err.strip() == f"terminated: {kept_line(out)}"
     listed = {p.file for p in at_stop.chunks}
     on_disk = {f"shards/{p.name}" for p in (out / "shards").iterdir() if p.name.endswith(".chunk")}
     assert listed and listed <= on_disk  # what was recorded was saved (a chunk still being written may follow)
     resumed = run_cli("--quiet", *args)
     assert resumed.returncode == 0, resumed.stderr
-    assert Manifest.load(out).stats["resumed_at"] == sum(c.docs for c in at_stop.chunks)
+    assert Manifest.load(out).stats.resumed_at == sum(c.docs for c in at_stop.chunks)
 
 
 @pytest.mark.slow
 def test_ctrl_c_once_the_encoding_is_complete_prints_no_traceback(tmp_path):
-    """A Ctrl-C after the manifest said complete reached torch's exit handlers as a KeyboardInterrupt: 'Exception
-    ignored in atexit callback … KeyboardInterrupt' (3 of 6 tries), or exit -2."""
+    """A Ctrl-C once the manifest says complete must not reach torch's exit handlers as a KeyboardInterrupt, which
+    prints 'Exception ignored in atexit callback … KeyboardInterrupt': the run ends without a traceback."""
     out = tmp_path / "v"
     proc = subprocess.Popen([sys.executable, "-m", "lsr_index", "--quiet", "encode", str(SAMPLE), "-o", str(out),
                              "--doc-max-length", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -675,9 +676,9 @@ def test_ctrl_c_once_the_encoding_is_complete_prints_no_traceback(tmp_path):
 
 
 def test_a_stopped_command_ends_with_its_status_under_python_m(tmp_path):
-    """Under `python -m`, a SIGTERM landing in code run from a string (the dataclasses the imports make) left
-    CPython's "unhandled Ctrl-C" mark set: the process printed its message, then killed itself with SIGINT (status
-    -2, not 143), 4 of 40 times at start-up."""
+    """Under `python -m`, a SIGTERM landing in code run from a string (the dataclasses the imports make) can leave
+    CPython's "unhandled Ctrl-C" mark set: the process would print its message, then kill itself with SIGINT (status
+    -2, not 143), now and then at start-up."""
     (tmp_path / "stopped_stage.py").write_text(textwrap.dedent("""
         import signal
         import click
@@ -696,7 +697,7 @@ def test_a_stopped_command_ends_with_its_status_under_python_m(tmp_path):
 
 
 def test_the_summary_gives_the_commands_whole_time_beside_the_encode_clock(tmp_path, splade_tiny):
-    """The encode clock starts after the imports and the plan (~7 s on a GPU host), which a user waits for too."""
+    """The encode clock starts after the imports and the plan (seconds of their own), which a user waits for too."""
     import re
 
     done = run_cli("encode", str(SAMPLE), "-o", str(tmp_path / "v"), "--doc-max-length", "16")

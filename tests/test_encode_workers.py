@@ -1,4 +1,4 @@
-"""Local encoding workers (one process per device, `local.run_local_workers`): each starts without re-running the
+"""Local encoding workers (one process per device, `local.LocalExecutor`): each starts without re-running the
 caller's script, a worker that dies is one line, and none outlives its parent. Real processes on CPU devices."""
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from procs import alive, children, wait_dead
 
+from lsr_index.vectors.manifest import Manifest
+
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
 
 # No main guard: multiprocessing's spawn would run all of it again in each worker.
@@ -22,7 +24,7 @@ SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
     from lsr_index.errors import LsrIndexError
     print("script ran", flush=True)
     options = EncodeOptions(shard_docs=int(sys.argv[3]), output_format="jsonl", progress=False)
@@ -31,7 +33,7 @@ SCRIPT = textwrap.dedent("""
     except LsrIndexError as exc:
         print("error:", exc, flush=True)
         sys.exit(1)
-    print("workers", manifest.stats["workers"], "docs", manifest.docs, flush=True)
+    print("workers", manifest.stats.workers, "docs", manifest.docs, flush=True)
 """)
 
 
@@ -53,7 +55,8 @@ def workers_of(parent: subprocess.Popen) -> list[int]:
 
 
 def big_corpus(tmp_path: Path) -> Path:
-    """The sample 50 times over (20,000 documents, ids made unique): minutes of work on 2 cores."""
+    """The sample 50 times over (20,000 documents, ids made unique): enough work that the workers are still encoding
+    when a test kills one of them or their parent."""
     lines = SAMPLE.read_text().splitlines()
     corpus = tmp_path / "big.jsonl"
     corpus.write_text("".join(line.replace('{"id": "', f'{{"id": "{copy}-', 1) + "\n"
@@ -97,7 +100,7 @@ UNREADABLE_JOB = textwrap.dedent("""
     from pathlib import Path
     from lsr_index.inputs.corpus import Fields
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
     from lsr_index.errors import LsrIndexError
 
     class MyFields(Fields):  # defined in the script run: a worker cannot import it
@@ -113,7 +116,7 @@ UNREADABLE_JOB = textwrap.dedent("""
 
 
 def test_a_job_a_worker_cannot_read_is_one_line_that_says_why(tmp_path):
-    """Not "died; rerun": a rerun would fail the same way."""
+    """One line saying why, not "died; rerun": a rerun would fail the same way."""
     script = tmp_path / "unreadable.py"
     script.write_text(UNREADABLE_JOB)
     run = subprocess.run([sys.executable, str(script), str(SAMPLE), str(tmp_path / "vectors")], capture_output=True,
@@ -128,7 +131,7 @@ FORKED = textwrap.dedent("""
     from pathlib import Path
     from lsr_index.encode import local
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
     import os, threading
     threads, fork = [], os.fork
     def counted_fork():
@@ -139,7 +142,7 @@ FORKED = textwrap.dedent("""
         local._forks_workers = lambda devices: True
     options = EncodeOptions(shard_docs=150, output_format="jsonl", progress=False)
     manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cpu", "cpu"))
-    print(*[w["started"] for w in manifest.stats["per_worker"]])
+    print(*[w.started for w in manifest.stats.per_worker])
     print("threads at each fork:", *threads)
 """)
 
@@ -162,22 +165,25 @@ def test_forked_workers_write_what_started_ones_write(tmp_path):
 
 
 @pytest.mark.slow
-def test_workers_left_without_shards_are_named_in_a_note(tmp_path):
-    """400 documents are one shard of the default size: the second worker has nothing to do, and the summary says
-    why (too few shards) and what to change; its start-up is not the run's (the idle worker was "ready" when it
-    ended). Over 16 shards there is no note, however the workers shared them (a loaded machine gave 325 / 75: one
-    worker's model loaded seconds before the other's)."""
+def test_workers_left_without_units_are_named_in_a_note(tmp_path):
+    """The sample (400 documents, half a megabyte) is one unit: the second worker has nothing to do, and the summary
+    says why; its start-up is not the run's (the idle worker was "ready" when it ended). An input of many units has
+    no note, however the workers shared them."""
     from cli_runner import run_cli
 
     done = run_cli("encode", str(SAMPLE), "-o", str(tmp_path / "v"), "--device", "cpu,cpu", "--doc-max-length", "32")
     assert done.returncode == 0, done.stderr
     assert "note: one worker encoded 400 of the 400 documents" in done.stderr
-    assert "(1 of 100,000 documents here: lower --shard-docs)" in done.stderr
-    stats = json.loads((tmp_path / "v" / "manifest.json").read_text())["stats"]
-    busy = next(w for w in stats["per_worker"] if w["docs"])
-    assert f"start-up {busy['startup_seconds']:.1f} s," in done.stdout, (done.stdout, stats["per_worker"])
-    shared = run_cli("encode", str(SAMPLE), "-o", str(tmp_path / "w"), "--device", "cpu,cpu", "--doc-max-length",
-                     "32", "--shard-docs", "25")
+    assert "this one holds 1 for 2 workers" in done.stderr
+    stats = Manifest.load(tmp_path / "v").stats
+    busy = next(w for w in stats.per_worker if w.docs)
+    assert f"start-up {busy.startup_seconds:.1f} s," in done.stdout, (done.stdout, stats.per_worker)
+    lines = SAMPLE.read_text().splitlines()
+    corpus = tmp_path / "c.jsonl"  # 6.3 MB: six units of 1 MiB
+    corpus.write_text("".join(line.replace('{"id": "', f'{{"id": "{copy}-', 1) + "\n"
+                              for copy in range(10) for line in lines))
+    shared = run_cli("encode", str(corpus), "-o", str(tmp_path / "w"), "--device", "cpu,cpu", "--doc-max-length",
+                     "32")
     assert shared.returncode == 0 and "note:" not in shared.stderr, shared.stderr
 
 
@@ -226,69 +232,87 @@ def test_ctrl_c_ends_forked_workers_and_the_rerun_writes_an_uninterrupted_runs_b
     os.killpg(run.pid, signal.SIGINT)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 130 and "Traceback" not in err, err
-    assert err.strip().splitlines()[-1] == "interrupted: rerun the same command to continue where it stopped"
     assert all(wait_dead(pid, 10) for pid in workers)
     kept = Manifest.load(out)
     assert 1 <= len(kept.shards) < 16
-    (out / "shards" / ".claims-1").mkdir()  # as a SIGKILLed run leaves its workers' claims
-    (out / "shards" / ".claims-1" / "00003").touch()
+    documents = kept.docs + sum(c.docs for c in kept.chunks)
+    assert err.strip().splitlines()[-1] == \
+        f"interrupted: kept {documents:,} documents; rerun the same command to continue where it stopped"
     rerun = cli(out)
     assert rerun.wait(timeout=600) == 0, rerun.communicate()
     assert [(s.file, s.sha256) for s in Manifest.load(out).shards] == \
         [(s.file, s.sha256) for s in Manifest.load(tmp_path / "whole").shards]
-    assert not [p.name for p in (out / "shards").iterdir() if p.name.startswith(".claims-")]
+    assert not [p.name for p in (out / "shards").iterdir() if p.name.startswith(".")]
 
 
-CLAIMER = textwrap.dedent("""
-    import random, sys
-    from pathlib import Path
-    from lsr_index.encode.job import Assignment
-    mine = Assignment(done=frozenset({7}), worker=int(sys.argv[2]), workers=3, claims=sys.argv[1])
-    shards = list(range(300))
-    random.Random(int(sys.argv[2])).shuffle(shards)
-    print("ready", flush=True)
-    sys.stdin.readline()  # all three start at once
-    print(*[k for k in shards if mine.mine(k)])
-""")
+def test_each_unit_is_claimed_by_exactly_one_task_and_numbered_once(tmp_path, monkeypatch):
+    """Three threads racing over the units of a corpus cut into many: every unit goes to one of them, and every
+    batch is numbered once, in stream order, whoever parsed it."""
+    import threading
 
+    from lsr_index.encode.units import Numberings, Units
+    from lsr_index.inputs import units as units_module
+    from lsr_index.inputs.corpus import CorpusReader
 
-def test_each_shard_is_claimed_by_exactly_one_worker(tmp_path):
-    """Three processes racing over 300 shards in different orders: every shard not published goes to one of them."""
-    racers = [subprocess.Popen([sys.executable, "-c", CLAIMER, str(tmp_path), str(w)], stdin=subprocess.PIPE,
-                               stdout=subprocess.PIPE, text=True) for w in range(3)]
-    assert [racer.stdout.readline() for racer in racers] == ["ready\n"] * 3
-    for racer in racers:
-        racer.stdin.write("go\n")
-        racer.stdin.flush()
-    claimed = [[int(k) for k in racer.communicate(timeout=60)[0].split()] for racer in racers]
-    assert sorted(k for ks in claimed for k in ks) == [k for k in range(300) if k != 7]
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}"}) + "\n" for i in range(3000)))
+    monkeypatch.setattr(units_module, "FIRST_BYTES", 2000)
+    reader = CorpusReader(corpus, batch_size=50)
+    planned = reader.units()
+    assert len(planned) > 10
+    shared = Units(planned, reader.sequencer(planned))
+    claimed: list[list[int]] = [[], [], []]
+    firsts: dict[tuple[int, int], int] = {}
+
+    def task(k: int) -> None:
+        numberings = Numberings()
+        while (unit := shared.claim()) is not None:
+            claimed[k].append(unit.index)
+            for batch in reader.parse(unit):
+                shared.submit(batch.summary, numberings.put)
+                numbered = numberings.get(unit.index, batch.summary.batch)
+                firsts[unit.index, batch.summary.batch] = numbered.first
+
+    threads = [threading.Thread(target=task, args=(k,)) for k in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(u for us in claimed for u in us) == list(range(len(planned)))
+    sequential = [0]
+    for batch in reader:  # one reader, unit after unit: the same batches, numbered alike
+        sequential.append(sequential[-1] + batch.num_rows)
+    assert [firsts[key] for key in sorted(firsts)] == sequential[:-1] and shared.sequencer.n_docs == 3000
 
 
 SLOW_SECOND = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from lsr_index.encode import task, local
+    from lsr_index.encode import local, task
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
+    from lsr_index.inputs import units
     local._forks_workers = lambda devices: True  # the workers are forks of this process, as on GPUs
-    put = sink.ShardSink.put
-    def slowed(self, *args):  # the second worker's device, slower: 0.5 s more per shard of 100 documents
-        if self.assignment.worker == 1:
+    units.FIRST_BYTES = units.LARGEST_BYTES = 200_000  # 20 units of ~160 documents
+    run = task.ShardEncoder.run
+    def slowed(self, out, assignment, shared, emit, *args, worker=0, **kwargs):
+        def late(chunk):  # the second worker's device, slower: 0.5 s more per chunk of 100 documents
             time.sleep(0.5)
-        return put(self, *args)
-    sink.ShardSink.put = slowed
+            emit(chunk)
+        return run(self, out, assignment, shared, late if worker == 1 else emit, *args, worker=worker, **kwargs)
+    task.ShardEncoder.run = slowed
     options = EncodeOptions(shard_docs=100, output_format="jsonl", progress=False, doc_max_length=32)
     manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cpu", "cpu"))
-    print(*[w["docs"] for w in manifest.stats["per_worker"]])
+    print(*[w.docs for w in manifest.stats.per_worker])
 """)
 
 
 @pytest.mark.slow
 def test_a_slower_worker_takes_fewer_shards_and_the_bytes_stay_one_workers(tmp_path):
-    """Shards go to the worker whose reader reaches them first: a fixed split (k mod W) gave each of two workers 16
-    of 32 shards, so the faster waited for the slower; here it took 20 in a run measured while writing this."""
+    """Units go to the worker that asks first: the faster worker claims more of them, and the shards, written from
+    both workers' chunks, are the bytes one worker writes."""
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
     from lsr_index.vectors.manifest import Manifest
 
     lines = SAMPLE.read_text().splitlines()

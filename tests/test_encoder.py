@@ -57,7 +57,7 @@ def test_tokenizing_leaves_the_shared_tokenizer_as_it_was(splade_tiny):
     """The encoder tokenizes through the transformers tokenizer's own Rust tokenizer, setting its truncation and
     padding for the call: they are put back, so the tokenizer's other users (transformers' own calls) see no change."""
     backend = splade_tiny.tokenizer.backend_tokenizer
-    shared = backend.truncation, backend.padding  # the session's model: left as found
+    shared = backend.truncation, backend.padding  # the model every test shares: left as found
     backend.enable_truncation(40, stride=3)
     backend.enable_padding(pad_id=0, pad_token="[PAD]", length=50)
     try:

@@ -51,7 +51,7 @@ def test_a_run_writes_the_same_bytes_with_and_without_its_warm_up(tmp_path, monk
     import threading
 
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
 
     sample = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
     device = f"cuda:{torch.cuda.device_count() - 1}"
@@ -104,16 +104,24 @@ def test_two_workers_on_one_gpu_write_what_one_writes(tmp_path):
     """Local workers (PythonChild processes, each with its own input process and serializers) on CUDA: the same
     shards as one worker, document for document; terms agree but where a weight sits at a rounding boundary."""
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
 
-    sample = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
-    job = EncodeJob(inputs=(str(sample),), options=EncodeOptions(shard_docs=150, output_format="jsonl",
-                                                                   progress=False))
+    job = EncodeJob(inputs=(str(multi_unit_corpus(tmp_path)),),
+                    options=EncodeOptions(shard_docs=1500, output_format="jsonl", progress=False))
     one = encode_corpus(job, tmp_path / "one", ("cuda:0",))
     two = encode_corpus(job, tmp_path / "two", ("cuda:0", "cuda:0"))
-    assert two.stats["workers"] == 2  # whole shards of 150, 150 and 100 to whichever worker claims each first
-    assert sorted(w["docs"] for w in two.stats["per_worker"]) in ([0, 400], [100, 300], [150, 250])
+    assert two.stats.workers == 2 and two.stats.units == 6  # units of 1 MiB, to whichever worker asks first
+    assert all(w.docs for w in two.stats.per_worker) and sum(w.docs for w in two.stats.per_worker) == 4000
     assert_same_shards(tmp_path / "one", one, tmp_path / "two", two)
+
+
+def multi_unit_corpus(tmp_path: Path) -> Path:
+    """The sample ten times over, ids made unique: 4,000 documents, 6.3 MB, six input units."""
+    lines = (Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl").read_text().splitlines()
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(line.replace('{"id": "', f'{{"id": "{copy}-', 1) + "\n"
+                              for copy in range(10) for line in lines))
+    return corpus
 
 
 def assert_same_shards(dir_a: Path, a: Manifest, dir_b: Path, b: Manifest) -> None:

@@ -26,7 +26,7 @@ from cli_runner import run_cli
 from procs import alive, children, wait_dead
 
 from lsr_index.encode.job import EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock
 from lsr_index.vectors import shards
@@ -40,7 +40,7 @@ LSR = [sys.executable, "-m", "lsr_index", "--quiet"]
 ENV = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-# --- helpers -----------------------------------------------------------------------------------------
+# --- shared set-up -----------------------------------------------------------------------------------
 
 def synthetic_vectors(out: Path, docs: int, terms: int = 20, max_impact: int = 60, shard_docs: int = 5000,
                       fmt: str = "jsonl") -> Manifest:
@@ -143,7 +143,7 @@ def test_build_killed_midway_publishes_nothing_and_a_rerun_succeeds(splade_tiny,
     and the java indexer does not outlive the build; the next build cleans up and indexes every document.
     While a build runs, a second build of the same index and an encode into its vectors are refused."""
     vectors, index = tmp_path / "vectors", tmp_path / "index"
-    manifest = synthetic_vectors(vectors, docs=40_000, terms=30, shard_docs=10_000)  # java: ~5 s on 2 cores
+    manifest = synthetic_vectors(vectors, docs=40_000, terms=30, shard_docs=10_000)  # java still busy when killed
     before = (vectors / MANIFEST).read_bytes()
     from lsr_index.engines.lucene.build import build_index
 
@@ -170,7 +170,9 @@ def test_build_killed_midway_publishes_nothing_and_a_rerun_succeeds(splade_tiny,
     os.kill(java, signal.SIGKILL)
     _, stderr = proc.communicate(timeout=60)
     assert proc.returncode == 1 and "Traceback" not in stderr
-    assert stderr.startswith("error: Lucene indexing failed (killed by signal SIGKILL); nothing was published")
+    lines = [line for line in stderr.splitlines() if line.startswith(("note:", "error:"))]
+    assert lines[0].startswith(f"note: removed {work}, the work directory of an earlier build")
+    assert lines[1].startswith("error: Lucene indexing failed (killed by signal SIGKILL); nothing was published")
     assert not index.exists() and not work.exists() and not work2.exists()
 
     # Ctrl-C in a process that lives on (library use): the build stops java itself before cleaning up
@@ -283,7 +285,7 @@ def test_disk_full_through_the_cli_is_one_clear_line(splade_tiny, ramp, tmp_path
     verify_shards(out, kept)
     assert leftovers(out) == []
     resumed = encode(ramp, out)  # the same settings as the command: it resumes (equality: the test above)
-    assert resumed.stats["resumed_at"] == kept.docs and resumed.docs == 120 and len(vectors_of(out)) == 120
+    assert resumed.stats.resumed_at == kept.docs and resumed.docs == 120 and len(vectors_of(out)) == 120
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "jsonl.gz"])
@@ -431,7 +433,7 @@ def test_a_malformed_manifest_is_one_line_through_the_cli(tmp_path):
 
 
 def test_search_refuses_a_damaged_index_record(tmp_path):
-    from lsr_index.engines.index import index_manifest
+    from lsr_index.engines.index import index_record
 
     index = tmp_path / "index"
     index.mkdir()
@@ -444,7 +446,7 @@ def test_search_refuses_a_damaged_index_record(tmp_path):
                            '"quantization": {"scale": 100}, "input": {}}}', "not a relative path inside")]:
         (index / "lsr-index.json").write_text(text)
         with pytest.raises(LsrIndexError, match=message):
-            index_manifest(index)
+            index_record(index)
 
 
 def test_publishing_over_an_old_index_swaps_in_one_step(tmp_path):

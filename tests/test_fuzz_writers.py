@@ -19,10 +19,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
-from lsr_index.engines.lucene.writer import DELIMITER, _fast_doc, _joined
 from lsr_index.errors import LsrIndexError
 from lsr_index.vectors.quantize import Quantization, SparseVectors, quantize
-from lsr_index.vectors.shards import FORMATS, ShardWriter, json_vector_line, read_shard
+from lsr_index.vectors.shards import FORMATS, ShardWriter, _fast_doc, _joined, json_vector_line, read_shard
 
 # FUZZ_EXAMPLES=2000 for a long local run; CI keeps it short
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 60)), deadline=None,
@@ -32,8 +31,8 @@ INT32_MAX = 2**31 - 1
 # --- shards: write, read back ------------------------------------------------------------------------
 
 doc_ids = st.text(min_size=1, max_size=24).filter(lambda s: "\n" not in s and "\r" not in s)
-# Terms as Lucene's pretokenized analyzer needs them: non-empty, no whitespace (check_vocab enforces it).
-terms = st.text(min_size=1, max_size=8).filter(lambda s: not any(c.isspace() for c in s))
+# Terms as Lucene can index them: non-empty (check_vocab enforces it); whitespace and controls are terms' own.
+terms = st.text(min_size=1, max_size=8)
 vocabs = st.lists(terms, min_size=1, max_size=40, unique=True)
 
 
@@ -175,9 +174,9 @@ _TERMS = st.text(alphabet=_TERM_CHARS, max_size=6) | st.text(max_size=4)
 _WEIGHTS = st.integers(min_value=-3, max_value=2**63 - 1) | st.sampled_from([0, 1, 10, -1])
 
 
-def _parsed(line: bytes) -> tuple[str, str]:
+def _parsed(line: bytes) -> tuple[str, str, int]:
     record = orjson.loads(line)
-    return record["id"], _joined(record["vector"], DELIMITER)[0]
+    return record["id"], *_joined(record["vector"])
 
 
 @settings(max_examples=400, deadline=None)
@@ -186,14 +185,15 @@ def _parsed(line: bytes) -> tuple[str, str]:
        st.sampled_from([":", ": ", " :", ":\t"]))
 def test_the_fast_path_cuts_the_text_the_parser_reads_or_declines(doc_id, vector, tail, comma, colon):
     """As `json_vector_line` writes a line, and spaced otherwise: the fast path returns the general path's
-    (id, text) or None, never another text (terms with quotes, colons, commas, the delimiter; impacts ≤ 0)."""
+    (id, text, term count) or None, never another text (terms with quotes, colons, commas, the separator, the
+    delimiter, an empty term; impacts ≤ 0)."""
     line = json_vector_line(doc_id, vector)
     for candidate in (line, _respaced(line, tail, comma, colon)):
         fast = _fast_doc(candidate)
         assert fast is None or fast == _parsed(candidate), (candidate, fast)
     # declined only for an escape (a quote, backslash or control character), a term holding ':', ',', a space or
-    # the delimiter, an impact ≤ 0, or an empty vector
-    assert _fast_doc(line) is not None or b"\\" in line or not vector or any(
+    # the delimiter, an empty term, an impact ≤ 0, or an empty vector
+    assert _fast_doc(line) is not None or b"\\" in line or not vector or "" in vector or any(
         c in t for t in vector for c in ':, \x01') or min(vector.values()) <= 0, line
 
 

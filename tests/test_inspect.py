@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from lsr_index.cli import main
 from lsr_index.encode.job import EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.shards import read_shard
 
@@ -131,7 +131,8 @@ def test_png_without_matplotlib_says_what_to_install(work, tmp_path):
                           env=env)
     assert done.returncode == 1 and not png.exists()
     assert done.stderr.strip().splitlines() == [
-        "error: --png needs matplotlib: pip install matplotlib (or install lsr-index[bench])"]
+        "error: --png needs matplotlib: pip install matplotlib, or pip install -e '.[bench]' in the lsr-index checkout "
+        "(or bash pipelines/setup.sh --dev)"]
 
 
 @pytest.mark.lucene

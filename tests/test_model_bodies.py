@@ -52,7 +52,7 @@ MIXED_LENGTHS = [*TEXTS, "protein binds " * 5, "cancer risk", "a gene of the old
 
 
 def assert_batched_by_length(model, mlm, tokenizer, err: str) -> None:
-    """The model was found to need batches of one length, said so, and gives each document its own vectors."""
+    """The model is recognised as needing batches of one length, says so, and gives each document its own vectors."""
     assert model.unpadded
     assert "padding changes its tokens' states" in err
     got = SpladeEncoder(model, max_tokens=64, backend="torch").encode(MIXED_LENGTHS, max_length=24)

@@ -8,15 +8,17 @@ import pytest
 import torch
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.model.files import model_sha256, sha256_file
-from lsr_index.model.load import EMBEDDED, load_model, resolve_model
+from lsr_index.model.files import identity
+from lsr_index.model.load import load_model
+from lsr_index.model.ref import EMBEDDED, locate
+from lsr_index.runtime.durable import sha256_file
 
 
 def test_embedded_model_is_verified_and_cached(splade_tiny):
-    assert splade_tiny.sha256 == model_sha256(splade_tiny.path)
+    assert splade_tiny.sha256 == identity(splade_tiny.path)[0]
     assert sha256_file(splade_tiny.path / "model.safetensors") == EMBEDDED["splade-tiny"].sha256
     assert splade_tiny.weight.shape == (30522, 128) and splade_tiny.bias.shape == (30522,)
-    assert resolve_model("splade-tiny") == splade_tiny.path  # second resolution hits the cache
+    assert locate("splade-tiny") == splade_tiny.path  # found in the cache, not fetched again
     assert splade_tiny.vocab[splade_tiny.tokenizer.convert_tokens_to_ids("protein")] == "protein"
 
 
@@ -54,7 +56,7 @@ def test_corrupted_cache_is_detected(splade_tiny, tmp_path, monkeypatch):
 
 def test_unknown_model_name_is_a_clear_error():
     with pytest.raises(LsrIndexError, match="no such directory"):
-        resolve_model("./no/such/model")
+        locate("./no/such/model")
 
 
 def test_two_loads_at_once_in_one_process_each_give_the_whole_model(splade_tiny):

@@ -25,8 +25,9 @@ import sparton
 from lsr_index.errors import LsrIndexError
 from lsr_index.model import packed
 from lsr_index.model.encoder import SpladeEncoder, made_up_tokens
-from lsr_index.model.load import load_model, max_length
+from lsr_index.model.load import load_model
 from lsr_index.model.packed import PACKED_FAMILIES
+from lsr_index.model.ref import ModelRef
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -98,7 +99,7 @@ def test_only_what_the_packed_attention_computes_is_packed():
     assert not packed.packs(body("bert", hidden_size=36), "cuda", torch.bfloat16)  # 2 heads of 18
 
 
-@pytest.mark.slow  # about 7 s each under the interpreter
+@pytest.mark.slow  # seconds each under the interpreter
 @needs_interpreter
 @pytest.mark.parametrize("kind", KINDS)
 def test_family_triton_kernel_equals_the_full_masked_lm(kind, tmp_path):
@@ -115,7 +116,7 @@ def test_the_warm_up_documents_fit_every_family(kind, tmp_path):
     process. Their CPU path raises instead, so they are run through it."""
     path, _, _ = save_masked_lm(kind, tmp_path, pickled=False)
     model = load_model(str(path))
-    limit = max_length(path)
+    limit = ModelRef.resolve(str(path)).max_length()
     encoder = SpladeEncoder(model, max_tokens=128, backend="torch")
     for length in (limit, 2):
         tokens = made_up_tokens(300, length, model.body)
@@ -238,3 +239,68 @@ def test_sentence_transformers_directories_it_cannot_honour_are_refused(tmp_path
     assert "\n" not in str(caught.value)
     assert {"module": "Normalize", "lowercase": "do_lower_case", "activation": "softplus",
             "not fill-mask": "Transformer (.) is not supported"}[damage] in str(caught.value)
+
+
+# --- a SparseEncoder directory's own lengths ------------------------------------------------------------------------
+
+LONG_TEXTS = ["Vitamin D and fracture risk in older adults " * 40, "gene mutation of cancer cells " * 30, "a protein"]
+
+
+def sparse_encoder_reference(directory, mlm, tokenizer, texts: list[str], task: str) -> torch.Tensor:
+    """What sentence-transformers' SparseEncoder gives, by its documented rules, with plain transformers:
+    encode_document / encode_query truncate at the Transformer module's `document_length` / `query_length`
+    (sentence-transformers 6), else at `max_seq_length` (the tokenizer's model_max_length it sets), then the
+    MLM's logits pooled by SpladePooling (max of log1p(relu) over the real tokens)."""
+    config = json.loads((directory / "sentence_bert_config.json").read_text())
+    length = config.get(f"{task}_length") or config["max_seq_length"]
+    return reference_weights(mlm, tokenizer, texts, length)
+
+
+@pytest.mark.parametrize("saved", [{"max_seq_length": 128},
+                                   {"max_seq_length": 128, "document_length": 100, "query_length": 16}],
+                         ids=["max_seq_length", "document_and_query_lengths"])
+def test_a_sparse_encoder_directory_is_encoded_at_its_own_lengths(tmp_path, saved):
+    """A SparseEncoder saved with max_seq_length 128 must not be encoded at 256 (--doc-max-length's default), nor its
+    document_length / query_length ignored without a word: its own lengths are what `ModelRef.lengths` gives for
+    the encode defaults, the vectors at them equal the reference client's, and any other length given is said
+    in one line."""
+    path, mlm, tokenizer = save_masked_lm("bert", tmp_path, pickled=False, positions=300)
+    sentence_transformers_dir(path, {"pooling_strategy": "max", "activation_function": "relu"})
+    (path / "sentence_bert_config.json").write_text(json.dumps({"do_lower_case": False, **saved}))
+    ref = ModelRef.resolve(str(path))
+    lengths = ref.lengths()
+    assert (lengths.document, lengths.query) == (saved.get("document_length", 128), saved.get("query_length", 128))
+    encoder = SpladeEncoder(load_model(ref), max_tokens=4096, backend="torch")
+    for task, length in (("document", lengths.document), ("query", lengths.query)):
+        want = sparse_encoder_reference(path, mlm, tokenizer, LONG_TEXTS, task)
+        torch.testing.assert_close(encoder.encode(LONG_TEXTS, max_length=length).double(), want, rtol=1e-4,
+                                   atol=1e-4)
+        assert not torch.allclose(encoder.encode(LONG_TEXTS, max_length=256).double(), want, atol=1e-3)
+    assert ref.length_notes(lengths.document, lengths.query) == []
+    notes = ref.length_notes(256, 64)
+    assert notes[0] == (f"{path}: {path / 'sentence_bert_config.json'} truncates documents at {lengths.document} "
+                        "tokens; encoding them at 256 gives other vectors than sentence-transformers (pass "
+                        f"--doc-max-length {lengths.document} to match it)")
+    assert len(notes) == 2 and notes[1].endswith(f"(pass --query-max-length {lengths.query} to match it)")
+
+
+def test_a_plain_transformers_directory_says_no_length(tmp_path):
+    path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
+    ref = ModelRef.resolve(str(path))
+    assert (ref.lengths().document, ref.lengths().query) == (None, None) and ref.length_notes(256, 64) == []
+
+
+@pytest.mark.parametrize(("config", "what"), [
+    ({"prompts": {"query": "query: ", "document": ""}}, "'query: ' before queries"),
+    ({"prompts": {"query": "", "passage": "passage: "}}, "'passage: ' before documents"),
+    ({"prompts": {"search": "x: "}, "default_prompt_name": "search"}, "'x: ' before queries"),
+])
+def test_a_sparse_encoder_saved_with_prompts_is_refused_naming_them(tmp_path, config, what):
+    path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
+    sentence_transformers_dir(path, None)
+    (path / "config_sentence_transformers.json").write_text(json.dumps(config))
+    with pytest.raises(LsrIndexError, match=f"config_sentence_transformers.json: sentence-transformers puts the "
+                                            f"prompt {what}; lsr-index does not"):
+        ModelRef.resolve(str(path))
+    (path / "config_sentence_transformers.json").write_text(json.dumps({"prompts": {"query": "", "document": ""}}))
+    ModelRef.resolve(str(path))

@@ -7,15 +7,15 @@ import json
 import os
 import pickle
 import shutil
-import time
 
 import pytest
 import torch
 from cli_runner import run_cli
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.model.files import identity_files, model_sha256
+from lsr_index.model.files import identity, identity_files
 from lsr_index.model.load import load_model
+from lsr_index.model.ref import ModelRef
 
 
 @pytest.fixture
@@ -26,32 +26,43 @@ def tiny_copy(splade_tiny, tmp_path):
 
 
 def test_identity_covers_tokenizer_and_config_not_readme(tiny_copy):
-    before = model_sha256(tiny_copy)
+    before = identity(tiny_copy)[0]
     (tiny_copy / "README.md").write_text("a model card edited after the encoding\n")
     (tiny_copy / "training_log.txt").write_text("epoch 3\n")
-    assert model_sha256(tiny_copy) == before
+    assert identity(tiny_copy)[0] == before
     config = tiny_copy / "tokenizer_config.json"
     settings = json.loads(config.read_text())
     settings["do_lower_case"] = not settings.get("do_lower_case", True)
     config.write_text(json.dumps(settings))
-    changed = model_sha256(tiny_copy)
+    changed = identity(tiny_copy)[0]
     assert changed != before
     (tiny_copy / "special_tokens_map.json").write_text("{}")  # a file that was not there enters the identity
-    assert model_sha256(tiny_copy) not in (before, changed)
+    assert identity(tiny_copy)[0] not in (before, changed)
     assert "special_tokens_map.json" in identity_files(tiny_copy)
 
 
-def test_identity_is_hashed_once_per_process_and_a_same_size_edit_is_still_seen(tiny_copy, monkeypatch):
-    from lsr_index.model import files
+def test_an_encode_identifies_its_model_once_and_hands_the_reference_on(tiny_copy, tmp_path, monkeypatch):
+    """Resolved and hashed once per run (each identity file read once), then handed to the plan, the manifest and the
+    encoder: no stage resolves the name again."""
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.run import encode_corpus
+    from lsr_index.model import files, ref
 
-    reads = []
-    hash_file = files.sha256_file
+    reads, located = [], []
+    hash_file, locate = files.sha256_file, ref.locate
     monkeypatch.setattr(files, "sha256_file", lambda path: reads.append(path.name) or hash_file(path))
-    later = type("Clock", (), {"time_ns": staticmethod(lambda: time.time_ns() + 3_000_000_000)})
-    monkeypatch.setattr(files, "time", later)  # the files are past the freshness window
-    before = model_sha256(tiny_copy)
-    hashed = len(reads)
-    assert model_sha256(tiny_copy) == before and len(reads) == hashed  # a run asks twice: read once
+    monkeypatch.setattr(ref, "locate", lambda name: located.append(name) or locate(name))
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": str(i), "text": f"protein {i} binds"}) + "\n" for i in range(5)))
+    job = EncodeJob(inputs=(str(corpus),), model=str(tiny_copy), options=EncodeOptions(progress=False))
+    manifest = encode_corpus(job, tmp_path / "vectors")
+    assert located == [str(tiny_copy)]
+    assert sorted(reads) == sorted(identity_files(tiny_copy))
+    assert manifest.model.sha256 == job.model.sha256 == manifest.query_model.sha256
+
+
+def test_a_same_size_edit_with_its_time_set_back_changes_the_identity(tiny_copy):
+    before = ModelRef.resolve(str(tiny_copy)).sha256
     weights = tiny_copy / "model.safetensors"
     stat = weights.stat()
     data = bytearray(weights.read_bytes())
@@ -59,86 +70,34 @@ def test_identity_is_hashed_once_per_process_and_a_same_size_edit_is_still_seen(
     with open(weights, "r+b") as f:
         f.write(data)
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    monkeypatch.setattr(files, "time", time)  # now: the edit is fresh, so its answer is not kept
-    changed = model_sha256(tiny_copy)
-    assert changed != before
-    assert model_sha256(tiny_copy) == changed
-    assert reads.count("model.safetensors") == 3
+    assert ModelRef.resolve(str(tiny_copy)).sha256 != before
 
 
-def test_identity_is_recorded_for_later_processes_until_a_file_changes(tiny_copy, tmp_path, monkeypatch):
-    from lsr_index.model import files
-
-    monkeypatch.setenv("LSR_INDEX_CACHE", str(tmp_path / "cache"))
-    reads = []
-    hash_file = files.sha256_file
-    monkeypatch.setattr(files, "sha256_file", lambda path: reads.append(path.name) or hash_file(path))
-
-    def new_process() -> str:
-        monkeypatch.setattr(files, "_kept", {})
-        return model_sha256(tiny_copy)
-
-    fresh = new_process()
-    assert not list((tmp_path / "cache").glob("identity/*"))  # files written just now are not recorded yet
-    later = type("Clock", (), {"time_ns": staticmethod(lambda: time.time_ns() + 3_000_000_000)})
-    monkeypatch.setattr(files, "time", later)
-    assert new_process() == fresh
-    hashed = len(reads)
-    assert new_process() == fresh and len(reads) == hashed  # read from the record: no file read
-    weights = tiny_copy / "model.safetensors"
-    stat = weights.stat()
-    data = bytearray(weights.read_bytes())
-    data[-1] ^= 1  # same size and inode, the modification time set back: the change time still moves
-    with open(weights, "r+b") as f:
-        f.write(data)
-    os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns))
-    monkeypatch.setattr(files, "time", type("Clock", (), {"time_ns": staticmethod(
-        lambda: time.time_ns() + 6_000_000_000)}))
-    changed = new_process()
-    assert changed != fresh and len(reads) > hashed
-    for record in (tmp_path / "cache").glob("identity/*"):
-        record.write_text("{not json")  # a damaged record is hashed over, never trusted or fatal
-    assert new_process() == changed
-    for record in (tmp_path / "cache").glob("identity/*"):  # another state's record is not trusted either
-        record.write_text(json.dumps({"path": str(tiny_copy.resolve()), "stamps": [], "sha256": "0" * 64}))
-    assert new_process() == changed
-    blocked = tmp_path / "not-a-directory"
-    blocked.write_text("")
-    monkeypatch.setenv("LSR_INDEX_CACHE", str(blocked))  # a cache that cannot be written: the right answer still
-    assert new_process() == changed
-
-
-def test_the_tokenizer_is_read_once_per_process_until_its_files_change(tiny_copy, monkeypatch):
-    from lsr_index.model import files, load
-
-    later = type("Clock", (), {"time_ns": staticmethod(lambda: time.time_ns() + 3_000_000_000)})
-    monkeypatch.setattr(files, "time", later)
-    first = load.tokenizer_at(tiny_copy)
-    assert load.tokenizer_at(tiny_copy) is first  # the manifest's record, then the encoder: one read
-    terms, holes = load.tokenizer_terms(first)
+def test_a_reference_loads_its_tokenizer_once_and_hands_out_fresh_term_lists(tiny_copy):
+    model = ModelRef.resolve(str(tiny_copy))
+    first = model.tokenizer()
+    assert model.tokenizer() is first  # the manifest's record, then the encoder: one read
+    terms, holes = model.terms()
     terms[0] = "changed by a caller"
-    assert load.tokenizer_terms(first) == ([*first.convert_ids_to_tokens(list(range(len(first))))], holes)
-    spec = json.loads((tiny_copy / "tokenizer.json").read_text())
-    spec["model"]["vocab"]["zzz-new-term"] = len(spec["model"]["vocab"])
-    (tiny_copy / "tokenizer.json").write_text(json.dumps(spec))
-    again = load.tokenizer_at(tiny_copy)
-    assert again is not first and load.tokenizer_terms(again)[0][-1] == "zzz-new-term"
+    assert model.terms() == ([*first.convert_ids_to_tokens(list(range(len(first))))], holes)
+    again = pickle.loads(pickle.dumps(model))  # a worker's copy loads its own
+    assert again.sha256 == model.sha256 and again.tokenizer() is not first
 
 
 def test_identity_covers_sentence_transformers_modules(tiny_copy):
     (tiny_copy / "1_SpladePooling").mkdir()
     pooling = tiny_copy / "1_SpladePooling" / "config.json"
     pooling.write_text(json.dumps({"pooling_strategy": "max", "activation_function": "relu"}))
-    before = model_sha256(tiny_copy)
+    before = identity(tiny_copy)[0]
     pooling.write_text(json.dumps({"pooling_strategy": "max", "activation_function": "log1p_relu"}))
-    assert model_sha256(tiny_copy) != before
+    assert identity(tiny_copy)[0] != before
     assert "1_SpladePooling/config.json" in identity_files(tiny_copy)
 
 
 def test_loaded_model_carries_the_identity(tiny_copy):
     (tiny_copy / "README.md").write_text("card")
     model = load_model(str(tiny_copy))
-    assert model.sha256 == model_sha256(tiny_copy)
+    assert model.sha256 == identity(tiny_copy)[0]
     (tiny_copy / "tokenizer.json").write_text((tiny_copy / "tokenizer.json").read_text().replace(
         '"lowercase": true', '"lowercase": false'))
     assert load_model(str(tiny_copy)).sha256 != model.sha256
@@ -199,11 +158,22 @@ def test_hostile_pickle_through_the_cli_is_one_line(tiny_copy, tmp_path):
     assert len(errors) == 1 and "refused" in errors[0] and "Traceback" not in run.stderr, run.stderr
 
 
-def test_unreadable_pickle_is_one_line(tiny_copy):
+@pytest.mark.parametrize(("data", "what"), [(b"not really a pickle", "not a pickle"),
+                                            (pickle.dumps({"w": torch.zeros(2)}, protocol=4), "a plain Python pickle"),
+                                            (pickle.dumps({"w": torch.zeros(2)}, protocol=2), "a plain Python pickle")])
+def test_a_file_torch_save_did_not_write_is_one_refusal_line(tiny_copy, capfd, data, what):
+    """Handed to torch, a plain `pickle.dump` prints two lines of PyTorch's warnings, then "not a readable PyTorch
+    weights file (Unsupported operand 149)", which reads as damage: it is a refusal, said once, before torch reads
+    it."""
     (tiny_copy / "model.safetensors").unlink()
-    (tiny_copy / "pytorch_model.bin").write_bytes(b"not really a pickle")
-    with pytest.raises(LsrIndexError, match=r"pytorch_model\.bin: not a readable PyTorch weights file"):
+    (tiny_copy / "pytorch_model.bin").write_bytes(data)
+    capfd.readouterr()
+    with pytest.raises(LsrIndexError) as caught:
         load_model(str(tiny_copy))
+    assert str(caught.value) == (f"{tiny_copy / 'pytorch_model.bin'}: refused: not PyTorch weights ({what}, not a "
+                                 "file torch.save wrote); save the state dict with torch.save, or better as "
+                                 "safetensors")
+    assert "Warning" not in capfd.readouterr().err
 
 
 def test_no_weights_at_all(tiny_copy):

@@ -10,7 +10,7 @@ from safetensors.torch import save_file
 from tiny_models import TEXTS, save_masked_lm, sentence_transformers_dir
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.model.files import model_sha256
+from lsr_index.model.files import identity
 from lsr_index.model.load import SpladeModel, load_model
 from lsr_index.model.query import (
     TokenWeightEncoder,
@@ -20,6 +20,8 @@ from lsr_index.model.query import (
     query_model_record,
     vocab_sha256,
 )
+from lsr_index.model.ref import ModelRef
+from lsr_index.vectors.manifest import QueryModelRecord
 
 
 def _by_hand(tokenizer, weights: dict[str, float], text: str) -> dict[str, float]:
@@ -41,7 +43,7 @@ def test_token_weight_table_encodes_queries_without_a_model(tmp_path, table):
     else:
         (path / table).write_text("".join(f"{t}\t{w}\n" for t, w in weights.items()))
     query = load_query_model(str(path))
-    assert isinstance(query, TokenWeights) and query.sha256 == model_sha256(path)
+    assert isinstance(query, TokenWeights) and query.sha256 == identity(path)[0]
     got = encoder_for(query).encode(TEXTS, max_length=32)
     assert got.shape == (len(TEXTS), len(query.vocab))
     for text, row in zip(TEXTS, got):
@@ -99,34 +101,34 @@ def test_a_malformed_table_is_one_line(tmp_path):
         load_query_model(str(path))
 
 
-def _job(model, query_model=None, query_max_length=16):
-    from lsr_index.encode.job import EncodeJob, EncodeOptions
-
-    return EncodeJob(inputs=("unused",), model=str(model), query_model=query_model and str(query_model),
-                     options=EncodeOptions(query_max_length=query_max_length))
+def _record(model, query_model=None, query_max_length=16) -> dict:
+    """The record an encode of `model` (with `query_model` for queries) writes in its manifest."""
+    documents = ModelRef.resolve(str(model))
+    query = ModelRef.resolve(str(query_model)) if query_model else documents
+    return query_model_record(query, documents, query_max_length)
 
 
 def test_the_record_names_the_query_route_of_each_layout(tmp_path):
     plain, _, _ = save_masked_lm("bert", tmp_path / "plain", pickled=False)
-    record = query_model_record(_job(plain))
-    assert record == {"name": str(plain.resolve()), "sha256": model_sha256(plain), "kind": "splade",
-                      "vocab_sha256": vocab_sha256(load_model(str(plain)).vocab)}
+    record = _record(plain)
+    assert record == QueryModelRecord(str(plain.resolve()), identity(plain)[0], "splade",
+                                      vocab_sha256(load_model(str(plain)).vocab))
     (plain / "idf.json").write_text(json.dumps({"protein": 2.0}))
-    table = query_model_record(_job(plain))
-    assert table["kind"] == "token_weights" and table["sha256"] == model_sha256(plain) != record["sha256"]
-    assert table["vocab_sha256"] == record["vocab_sha256"]
+    table = _record(plain)
+    assert table.kind == "token_weights" and table.sha256 == identity(plain)[0] != record.sha256
+    assert table.vocab_sha256 == record.vocab_sha256
     separate, _, _ = save_masked_lm("bert", tmp_path / "separate", pickled=True, seed=5)
-    chosen = query_model_record(_job(plain, separate))
-    assert chosen["name"] == str(separate.resolve()) and chosen["kind"] == "splade"
+    chosen = _record(plain, separate)
+    assert chosen.name == str(separate.resolve()) and chosen.kind == "splade"
     with pytest.raises(LsrIndexError, match=r"query model .* takes at most 66 tokens; lower --query-max-length"):
-        query_model_record(_job(plain, separate, query_max_length=100))
+        _record(plain, separate, query_max_length=100)
 
 
 def test_a_query_model_of_another_vocabulary_is_refused(tmp_path):
     bert, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
     roberta, _, _ = save_masked_lm("roberta", tmp_path, pickled=False)
     with pytest.raises(LsrIndexError, match=r"vocabulary \(\d+ terms\) differs from the document model's"):
-        query_model_record(_job(bert, roberta))
+        _record(bert, roberta)
 
 
 def _manifest(**query_model) -> dict:

@@ -15,7 +15,7 @@ from cli_runner import run_cli
 from terminal import on_terminal
 
 from lsr_index.encode.job import EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.errors import LsrIndexError
 from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.shards import read_shard
@@ -53,12 +53,12 @@ def built(encoded):
 @pytest.mark.lucene
 def test_manifest_records_what_was_made(built):
     work, manifest, info = built
-    assert manifest.complete and manifest.docs == 400 == info["documents"]
+    assert manifest.complete and manifest.docs == 400 == info.documents
     assert [s.docs for s in manifest.shards] == [150, 150, 100]
     assert [s.start for s in manifest.shards] == [0, 150, 300]
     vectors = vectors_of(work / "vectors")
     assert len(vectors) == 400 and sum(len(v) for v in vectors.values()) == manifest.nonzeros
-    assert manifest.model["name"] == "splade-tiny" and manifest.quantization["scale"] == 100.0
+    assert manifest.model.name == "splade-tiny" and manifest.quantization.scale == 100.0
     assert all(w > 0 and isinstance(w, int) for v in vectors.values() for w in v.values())
 
 
@@ -137,7 +137,7 @@ def test_parquet_shards_build_the_same_index(built, splade_tiny, tmp_path):
     work, _, _ = built
     encode(SAMPLE / "corpus.jsonl", tmp_path / "vectors", shard_docs=150, output_format="parquet")
     info = build_index(tmp_path / "vectors", tmp_path / "index", heap="1g", progress=False)
-    assert info["documents"] == 400
+    assert info.documents == 400
     encoder, quantization, _ = load_query_encoder(work / "index", None, "cpu", "auto")
     queries = encode_queries(encoder, quantization, read_queries(SAMPLE / "queries.tsv"), 64)
     results = []
@@ -160,13 +160,13 @@ def test_two_workers_write_what_one_writes(encoded, tmp_path):
     _, whole = encoded
     split = encode(SAMPLE / "corpus.jsonl", tmp_path / "vectors", devices=("cpu", "cpu"), shard_docs=150,
                    output_format="jsonl")
-    assert split.stats["workers"] == 2
+    assert split.stats.workers == 2
     # 400 documents in shards of 150, 150 and 100: each worker encodes whole ones
-    docs = sorted(w["docs"] for w in split.stats["per_worker"])
-    assert docs in ([0, 400], [100, 300], [150, 250]) and [w["device"] for w in split.stats["per_worker"]] == \
-        ["cpu", "cpu"], split.stats["per_worker"]
-    assert all(0 < w["model_loaded_after_seconds"] <= w["startup_seconds"] and w["docs_per_second_after_startup"] > 0
-               for w in split.stats["per_worker"] if w["docs"])
+    docs = sorted(w.docs for w in split.stats.per_worker)
+    assert docs in ([0, 400], [100, 300], [150, 250]) and [w.device for w in split.stats.per_worker] == \
+        ["cpu", "cpu"], split.stats.per_worker
+    assert all(0 < w.model_loaded_after_seconds <= w.startup_seconds and w.docs_per_second_after_startup > 0
+               for w in split.stats.per_worker if w.docs)
     assert [(s.file, s.start, s.docs, s.sha256) for s in split.shards] == \
         [(s.file, s.start, s.docs, s.sha256) for s in whole.shards]
 

@@ -19,8 +19,9 @@ import torch
 from cli_runner import run_cli
 from tiny_models import WORDS, reference_weights, save_masked_lm
 
-from lsr_index.model.files import model_sha256
-from lsr_index.search import encode_queries, load_query_encoder, read_run
+from lsr_index.model.files import identity
+from lsr_index.runs import read_run
+from lsr_index.search import encode_queries, load_query_encoder
 from lsr_index.vectors.manifest import Manifest
 from lsr_index.vectors.shards import read_shard
 
@@ -101,9 +102,9 @@ def test_separate_query_model_end_to_end(tmp_path):
     query_path, query_mlm, tokenizer = save_masked_lm("bert", tmp_path / "query", pickled=True, seed=3)
     doc_mlm = save_masked_lm("bert", tmp_path / "doc-again", pickled=False, seed=0)[1]
     manifest, docs, run, stderr = _encode_build_search(tmp_path, documents, "--query-model", str(query_path))
-    assert manifest.query_model["name"] == str(query_path.resolve())
-    assert manifest.query_model["sha256"] == model_sha256(query_path) != manifest.model["sha256"]
-    assert manifest.query_model["kind"] == "splade"
+    assert manifest.query_model.name == str(query_path.resolve())
+    assert manifest.query_model.sha256 == identity(query_path)[0] != manifest.model.sha256
+    assert manifest.query_model.kind == "splade"
     assert "transformers.models.bert.modeling_bert" in _modeling_modules(stderr)  # the check below can fail
 
     encoder, quantization, _ = load_query_encoder(tmp_path / "index", None, "cpu", "torch")
@@ -122,8 +123,8 @@ def test_token_weight_queries_end_to_end_load_no_transformer(tmp_path):
     weights = {term: round(0.3 + (i % 11) / 4, 2) for i, term in enumerate(vocab) if i % 4}
     (documents / "idf.json").write_text(json.dumps(weights))
     manifest, docs, run, stderr = _encode_build_search(tmp_path, documents)
-    assert manifest.query_model["kind"] == "token_weights"
-    assert manifest.query_model["sha256"] == manifest.model["sha256"] == model_sha256(documents)
+    assert manifest.query_model.kind == "token_weights"
+    assert manifest.query_model.sha256 == manifest.model.sha256 == identity(documents)[0]
     assert not _modeling_modules(stderr), "search loaded a transformer for token-weight queries"
 
     by_hand = [{t: round(weights[t] * SCALE) for t in set(tokenizer.tokenize(text)) if t in weights}

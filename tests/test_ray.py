@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from cli_runner import run_cli
+from cli_runner import kept_line, run_cli
 from procs import children, stat
 
 from lsr_index.vectors.shards import read_shard
@@ -46,7 +46,7 @@ def corpus(tmp_path_factory) -> Path:
 def long_corpus(tmp_path_factory) -> tuple[Path, Path]:
     """160 documents in 32 shards, and their single-machine output (the same command in this process): enough
     shards that a node whose encoder starts later still gets some, and a run that outlasts the manifest's
-    one-second save interval by several saves, so that a driver killed after the first listed shard still had
+    one-second save interval by several saves, so that a driver killed after the first listed shard still has
     work left."""
     corpus = _corpus(tmp_path_factory.mktemp("long"), 160)
     reference = tmp_path_factory.mktemp("long-ref") / "v"
@@ -122,7 +122,8 @@ def test_without_ray_one_line_says_what_to_install(corpus, tmp_path):
     done = subprocess.run(lsr(str(corpus), "-o", str(tmp_path / "v"), "--ray"), capture_output=True, text=True,
                           env=env)
     assert done.returncode == 1
-    assert done.stderr == "error: --ray needs Ray, which is not installed: pip install 'lsr-index[ray]'\n"
+    assert done.stderr == ("error: --ray needs Ray, which is not installed: pip install -e '.[ray]' in the lsr-index "
+                           "checkout (or bash pipelines/setup.sh --dev)\n")
     assert not (tmp_path / "v").exists()
 
 
@@ -189,8 +190,8 @@ def test_a_killed_driver_resumes(cluster, long_corpus, killed_driver, rerun_on):
 
 
 def test_an_address_where_nothing_listens_is_one_line(corpus, tmp_path):
-    """A cluster address where nothing listens: one line at once. ray.init retried it for minutes (20 tries of ~35 s),
-    printing Ray's connection warnings; the timeout only bounds a hang."""
+    """A cluster address where nothing listens: one line at once. ray.init would retry it for minutes (20 tries of
+    ~35 s), printing Ray's connection warnings; the timeout only bounds a hang."""
     pytest.importorskip("ray")
     import socket
 
@@ -214,8 +215,8 @@ def _group(pgid: int) -> list[int]:
 @pytest.mark.slow
 def test_sigterm_while_a_new_local_cluster_starts_leaves_nothing(corpus, tmp_path):
     """SIGTERM while ray.init starts the local cluster (its raylet is up, its agents starting): exit 143 with the
-    resume line, and none of the cluster's processes left. Ray's handler made it exit 15 without a word, and left the
-    node's agents running a minute after the driver had ended."""
+    resume line, and none of the cluster's processes left. Left to Ray's handler, it would exit 15 without a word, and
+    the node's agents would still run a minute after the driver had ended."""
     pytest.importorskip("ray")
     proc = subprocess.Popen(lsr(str(corpus), "-o", str(tmp_path / "v"), *SETTINGS, "--ray", "local", "--ray-cpus",
                                 "1"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
@@ -234,14 +235,14 @@ def test_sigterm_while_a_new_local_cluster_starts_leaves_nothing(corpus, tmp_pat
         proc.kill()
         for pid in _group(proc.pid):
             os.kill(pid, signal.SIGKILL)
-    assert (proc.returncode, err) == (143, "terminated: rerun the same command to continue where it stopped\n")
+    assert (proc.returncode, err) == (143, f"terminated: {kept_line(tmp_path / 'v')}\n")
     assert not left, [Path(f"/proc/{pid}/cmdline").read_bytes()[:80] for pid in left]
 
 
 @pytest.mark.slow
 def test_sigterm_on_a_cluster_saves_ends_its_encoders_and_resumes(cluster, long_corpus, tmp_path):
     """SIGTERM of a driver connected to a running cluster, mid-encode: exit 143 with the resume line (ray.init's own
-    SIGTERM handler made it exit 15, under a stack dump of Ray's C++ core), the cluster's nodes live on, this job's
+    SIGTERM handler would exit 15, under a stack dump of Ray's C++ core), the cluster's nodes live on, this job's
     encoders end, and the rerun resumes to one machine's output."""
     corpus, reference = long_corpus
     out = tmp_path / "v"
@@ -254,7 +255,7 @@ def test_sigterm_on_a_cluster_saves_ends_its_encoders_and_resumes(cluster, long_
         _, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
-    assert (proc.returncode, err) == (143, "terminated: rerun the same command to continue where it stopped\n")
+    assert (proc.returncode, err) == (143, f"terminated: {kept_line(out)}\n")
     assert all(node.all_processes["raylet"][0].process.poll() is None
                for node in [cluster.head_node, *cluster.worker_nodes])
     deadline = time.time() + 60
@@ -269,21 +270,24 @@ def test_sigterm_on_a_cluster_saves_ends_its_encoders_and_resumes(cluster, long_
 
 @pytest.mark.slow
 def test_an_encoder_whose_node_left_before_it_was_placed_is_lost_not_fatal(cluster, long_corpus, tmp_path):
-    """A node still listed alive when the run plans its encoders (Ray learns of a death only after missed health
-    checks) but gone when its encoder is placed: that encoder is lost, the others encode everything, both of them
-    (the cluster's output equals one machine's). A run started right after a node was removed failed here with a
-    traceback (ActorUnschedulableError). A node id that no node has stands for the departed node; the driver runs in
-    this process (the killed-driver test's cluster rerun is the CLI's `--ray` run start to end)."""
+    """A node still listed alive when the run plans its encoders (Ray learns of a death only after missed health checks)
+    but gone when its encoder is placed: that encoder is lost, the others encode everything, both of them (the cluster's
+    output equals one machine's), where a run started right after a node's removal would otherwise end in a traceback
+    (ActorUnschedulableError). A node id that no node has stands for the departed node; the driver runs in this process
+    (the killed-driver test's cluster rerun is the CLI's `--ray` run start to end)."""
     from lsr_index.encode.cluster import RayCluster
     from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.run import encode
+    from lsr_index.settings import CPU_PIECE_DOCS
 
     corpus, reference = long_corpus
     ray_cluster = RayCluster(cluster.address, 1)
     gone = "de" * 28  # (all ff is Ray's nil id)
     ray_cluster.plan.append((gone, "cpu", 1, {"num_cpus": 1}))
     ray_cluster.names[gone] = "node 127.0.0.1 (departed, dededede)"
-    job = EncodeJob(inputs=(str(corpus),), options=EncodeOptions(shard_docs=5, doc_max_length=64, progress=False))
-    ray_cluster.encode(job, tmp_path / "v")
+    job = EncodeJob(inputs=(str(corpus),), options=EncodeOptions(shard_docs=5, doc_max_length=64, progress=False,
+                                                                 piece_docs=CPU_PIECE_DOCS))  # as the CLI's on CPU
+    encode(job, tmp_path / "v", ray_cluster)
     stats = _same_output(tmp_path / "v", reference)
     docs = {node["node"]: node["docs"] for node in stats["per_node"]}
     assert docs.pop("node 127.0.0.1 (departed, dededede)") == 0 and len(docs) == 2 and sum(docs.values()) == 160
@@ -314,17 +318,19 @@ def test_a_killed_node_loses_nothing(cluster, long_corpus, tmp_path):
 
 @pytest.mark.slow
 def test_a_remote_failure_is_one_line_naming_the_node(cluster, corpus, tmp_path):
-    """A node whose model cache is unusable (a file where the directory should be): the run stops, saying where."""
-    (tmp_path / "cache").write_text("not a directory")
-    broken = cluster.add_node(**NODE, env_vars={"LSR_INDEX_CACHE": str(tmp_path / "cache")})
+    """A node whose Python cannot load the model (its PyTorch raises on import): the run stops, saying where."""
+    broken_torch = tmp_path / "site" / "torch"
+    broken_torch.mkdir(parents=True)
+    (broken_torch / "__init__.py").write_text("raise ImportError('PyTorch is broken on this node')\n")
+    broken = cluster.add_node(**NODE, env_vars={"PYTHONPATH": str(tmp_path / "site")})
     cluster.wait_for_nodes()
     try:
         done = subprocess.run(lsr(str(corpus), "-o", str(tmp_path / "v"), *SETTINGS, "--ray", cluster.address,
                                   "--ray-cpus", "1"), capture_output=True, text=True, timeout=480)
     finally:
         cluster.remove_node(broken, allow_graceful=False)
-    assert done.returncode == 1
+    assert done.returncode == 1, done.stderr
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith("error: node 127.0.0.1 (") and "cannot start an encoder on cpu" in done.stderr
-    assert "NotADirectoryError" in done.stderr and str(tmp_path / "cache") in done.stderr
+    assert "PyTorch is broken on this node" in done.stderr, done.stderr
     assert not list((tmp_path / "v" / "shards").glob(".attempt-*"))

@@ -1,4 +1,4 @@
-"""Resume safety found by review: settings that change shard layout, orphaned workers, stuck directories."""
+"""Resume safety: settings that change shard layout, orphaned workers, stuck directories."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import signal
 import subprocess
 import sys
 import time
-from itertools import pairwise
 from pathlib import Path
 
 from cli_runner import run_cli
-from hypothesis import given, settings
-from hypothesis import strategies as st
 from procs import children, wait_dead
 
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
@@ -129,50 +126,3 @@ def test_a_missing_input_is_reported_before_torch_or_a_model_loads(tmp_path):
     assert not (tmp_path / "v").exists() and not (tmp_path / "cache").exists()
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.data())
-def test_each_shard_is_cut_the_same_way_whoever_reads_it_and_a_resume_reads_exactly_the_rest(data):
-    """feed._Ramp on any batching (reader batches of the window, shorter ones at file ends, shards that start
-    inside a batch): a shard's parts tile it in order, grow while shorter than the window, and only its last part
-    ends it; a task that skips other shards (another worker's, published ones) cuts its own the same way; and a
-    resume from any part edge reads exactly the documents after it, so its chunks line up with the first run's."""
-    import pyarrow as pa
-
-    from lsr_index.encode.feed import read_pieces
-    from lsr_index.encode.job import Assignment, EncodeJob, EncodeOptions, pieces
-    from lsr_index.vectors.manifest import Chunk
-
-    job = EncodeJob(inputs=("unused",), options=EncodeOptions(max_tokens=4096))  # a window of 256 documents
-    w = job.window
-    sizes = data.draw(st.lists(st.one_of(st.just(w), st.integers(1, 2 * w)), min_size=1, max_size=8))
-    total = sum(sizes)
-    shard_docs = data.draw(st.integers(min(16, total), total + 3))
-
-    def batches():
-        n = 0
-        for size in sizes:
-            yield pa.RecordBatch.from_pydict({"id": [f"d{i}" for i in range(n, n + size)], "text": ["t"] * size})
-            n += size
-
-    def parts(assignment: Assignment) -> list[tuple[int, int, int, bool]]:
-        return [(p.shard, p.start, p.end, p.last) for p, ids, _, _ in read_pieces(job, assignment,
-                                                                                 pieces(batches(), shard_docs))
-                if ids is not None]
-
-    whole = parts(Assignment())
-    read = {(p.start, p.end) for p in pieces(batches(), shard_docs)}  # a reader's short batch may cut a part short
-    assert [p[1] for p in whole] == [0] + [p[2] for p in whole[:-1]] and whole[-1][2] == total
-    for shard in {p[0] for p in whole}:
-        mine = [p for p in whole if p[0] == shard]
-        assert [p[3] for p in mine] == [False] * (len(mine) - 1) + [True]
-        for before, part in pairwise(mine):
-            if before[2] - before[1] < w:  # inside the ramp: no part shorter than the one before, unless it is a
-                assert part[2] - part[1] >= before[2] - before[1] or (part[1], part[2]) in read  # whole piece
-    for parity in (0, 1):  # the shards others claimed, or published ones, are read only
-        others = frozenset(k for k in range(total // shard_docs + 1) if k % 2 != parity)
-        assert parts(Assignment(done=others)) == [p for p in whole if p[0] % 2 == parity]
-    shard, _, end, _ = data.draw(st.sampled_from(whole))
-    chunk = Chunk(file="x", start=shard * shard_docs, docs=end - shard * shard_docs, nonzeros=0, sha256="",
-                  input="0", shard=shard)
-    resumed = parts(Assignment(chunks={shard: (chunk,)}))
-    assert resumed == [p for p in whole if p[0] != shard or p[1] >= end]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from lsr_index.encode.job import EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.engines.lucene.build import build_index
 from lsr_index.evaluate import evaluate
 from lsr_index.inputs.topics import read_qrels, read_queries
@@ -23,7 +23,7 @@ REFERENCE = {"nDCG@10": 0.6436, "RR@10": 0.6159, "R@100": 0.8930, "R@1000": 0.97
 def test_scifact_reproduces_the_reference(scifact, tmp_path):
     manifest = encode_corpus(EncodeJob(inputs=(str(scifact / "corpus.jsonl"),),
                                        options=EncodeOptions(progress=False)), tmp_path / "vectors")
-    assert manifest.docs == 5183 and 240 < manifest.stats["nonzeros_per_doc"] < 255
+    assert manifest.docs == 5183 and 240 < manifest.stats.nonzeros_per_doc < 255
     build_index(tmp_path / "vectors", tmp_path / "index", progress=False)
     run = search(tmp_path / "index", read_queries(scifact / "queries.tsv"), hits=1000, threads=2)
     metrics = evaluate(run, read_qrels(scifact / "qrels.tsv"))

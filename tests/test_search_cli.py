@@ -58,8 +58,8 @@ def test_search_prints_the_metrics_that_eval_of_its_run_prints(judged_index, tmp
 @pytest.mark.lucene
 @pytest.mark.slow
 def test_an_old_index_holding_ids_a_run_cannot_hold_is_refused_by_name(splade_tiny, tmp_path):
-    """The issue's case: documents 'rel', 'mid', 'rel ' (trailing space) in an index built before encode refused
-    such ids. Written, 'rel ' would merge with 'rel': search printed nDCG@10 1.0000, eval of its run 0.6309."""
+    """Documents 'rel', 'mid', 'rel ' (trailing space) in an index built by a version of lsr-index whose encode took
+    such ids. Written, 'rel ' would merge with 'rel': search would print nDCG@10 1.0000, eval of its run 0.6309."""
     terms = query_terms(splade_tiny, 40)
     docs = {"rel": {t: 50 for t in terms[:20]}, "mid": {t: 30 for t in terms[:20]},
             "rel ": {t: 40 for t in terms[:20]}}
@@ -98,9 +98,9 @@ def test_queries_cut_at_the_index_query_length_are_reported(splade_tiny, judged_
 
 @pytest.mark.lucene
 def test_a_huge_query_is_cut_at_the_character_bound_before_tokenizing(splade_tiny, tmp_path):
-    """A query line of megabytes (a pasted document) was tokenized whole: ~230 bytes of memory per character, though
-    only query_max_length tokens are kept. It is cut to query_max_length × 100 characters first, as documents are,
-    the note says so, and its hits are those of the cut text."""
+    """Tokenized whole, a query line of megabytes (a pasted document) would take hundreds of bytes of memory per
+    character, though only query_max_length tokens are kept. It is cut to query_max_length × 100 characters first, as
+    documents are, the note says so, and its hits are those of the cut text."""
     from lsr_index.search import search
 
     docs = random_docs(query_terms(splade_tiny, 50), docs=40, per_doc=10, max_impact=60, seed=7)
@@ -117,7 +117,7 @@ def test_a_huge_query_is_cut_at_the_character_bound_before_tokenizing(splade_tin
 @pytest.mark.lucene
 @pytest.mark.parametrize("target", ["queries", "qrels"])
 def test_a_run_path_naming_an_input_is_refused_before_the_search(judged_index, tmp_path, target):
-    """`-o queries.tsv` replaced the queries with the run; `--run qrels --qrels qrels` the judgments."""
+    """`-o queries.tsv` would replace the queries with the run; `--run qrels --qrels qrels` the judgments."""
     index, qrels = judged_index
     queries = tmp_path / "queries.tsv"
     queries.write_bytes((SAMPLE / "queries.tsv").read_bytes())

@@ -141,8 +141,18 @@ def test_torch_compile_traces_the_custom_op(seed):
         assert torch.allclose(fn(h, mask), 2.0 * sparton.splade_max(h, w, b, mask))
 
 
-def test_autograd_is_refused(seed):
+def test_inference_calls_run_the_inference_kernel(monkeypatch, seed):
+    """Without a gradient to compute (inference mode, no_grad, or no input requiring one) the inference kernel runs
+    and no argmax is written; with one, the training kernel (tests/test_sparton_backward_gpu.py)."""
+    def boom(*args, **kwargs):
+        raise AssertionError("the training forward ran without a gradient to compute")
+
+    monkeypatch.setattr(sparton.training, "_forward", boom)
     w, b, g = _weights(seed, 1_000, torch.bfloat16)
-    h = torch.randn(2, 8, HIDDEN, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
-    with pytest.raises(RuntimeError, match="inference-only"):
-        sparton.splade_max(h, w, b, torch.ones(2, 8, device="cuda"))
+    h = torch.randn(2, 8, HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
+    mask = torch.ones(2, 8, device="cuda")
+    sparton.splade_max(h, w, b, mask)
+    with torch.no_grad():
+        sparton.splade_max(h.requires_grad_(), w, b, mask)
+    with torch.inference_mode():
+        sparton.splade_max(h, w, b, mask)

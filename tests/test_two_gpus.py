@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_encoder_gpu import assert_same_shards
+from test_encoder_gpu import assert_same_shards, multi_unit_corpus
 
 import sparton
 from lsr_index.encode.job import EncodeJob, EncodeOptions
-from lsr_index.encode.plan import encode_corpus
+from lsr_index.encode.run import encode_corpus
 from lsr_index.model.encoder import SpladeEncoder
 from lsr_index.model.load import load_model
 from lsr_index.vectors.manifest import Manifest
@@ -63,18 +63,18 @@ def test_an_encoder_on_the_second_gpu_writes_what_one_on_the_first_writes():
     assert torch.cuda.current_device() == 0 and torch.cuda.memory_allocated(0) == before
 
 
-SAMPLE = Path(__file__).resolve().parents[1] / "data" / "sample" / "corpus.jsonl"
-JOB = EncodeJob(inputs=(str(SAMPLE),), options=EncodeOptions(shard_docs=150, output_format="jsonl", progress=False))
+def job(tmp_path: Path) -> EncodeJob:
+    return EncodeJob(inputs=(str(multi_unit_corpus(tmp_path)),),
+                     options=EncodeOptions(shard_docs=1500, output_format="jsonl", progress=False))
 
 
 def test_two_workers_on_two_gpus_write_what_one_writes(tmp_path):
     """Started afresh: this process has used CUDA, so its workers cannot be its forks."""
-    one = encode_corpus(JOB, tmp_path / "one", ("cuda:0",))
-    two = encode_corpus(JOB, tmp_path / "two", ("cuda:0", "cuda:1"))
-    assert [(w["device"], w["started"]) for w in two.stats["per_worker"]] == \
+    one = encode_corpus(job(tmp_path), tmp_path / "one", ("cuda:0",))
+    two = encode_corpus(job(tmp_path), tmp_path / "two", ("cuda:0", "cuda:1"))
+    assert [(w.device, w.started) for w in two.stats.per_worker] == \
         [("cuda:0", "new interpreter"), ("cuda:1", "new interpreter")]
-    # whole shards of 150, 150 and 100 to whichever worker claims each first
-    assert sorted(w["docs"] for w in two.stats["per_worker"]) in ([0, 400], [100, 300], [150, 250])
+    assert all(w.docs for w in two.stats.per_worker) and sum(w.docs for w in two.stats.per_worker) == 4000
     assert_same_shards(tmp_path / "one", one, tmp_path / "two", two)
 
 
@@ -82,18 +82,19 @@ FRESH = textwrap.dedent("""
     import sys
     from pathlib import Path
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
-    options = EncodeOptions(shard_docs=150, output_format="jsonl", progress=False)
+    from lsr_index.encode.run import encode_corpus
+    options = EncodeOptions(shard_docs=1500, output_format="jsonl", progress=False)
     manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cuda:0", "cuda:1"))
-    print(*[w["started"] for w in manifest.stats["per_worker"]])
+    print(*[w.started for w in manifest.stats.per_worker])
 """)
 
 
 def test_the_workers_of_a_process_without_cuda_are_its_forks_and_write_what_one_gpu_writes(tmp_path):
     """As the CLI runs them: torch and transformers imported once, here, and not again in each worker."""
-    run = subprocess.run([sys.executable, "-c", FRESH, str(SAMPLE), str(tmp_path / "forked")], capture_output=True,
+    corpus = multi_unit_corpus(tmp_path)
+    run = subprocess.run([sys.executable, "-c", FRESH, str(corpus), str(tmp_path / "forked")], capture_output=True,
                          text=True, timeout=300)
     assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
     assert run.stdout.split() == ["fork", "fork"], run.stdout
-    one = encode_corpus(JOB, tmp_path / "one", ("cuda:0",))
+    one = encode_corpus(job(tmp_path), tmp_path / "one", ("cuda:0",))
     assert_same_shards(tmp_path / "one", one, tmp_path / "forked", Manifest.load(tmp_path / "forked"))

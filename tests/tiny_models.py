@@ -44,11 +44,11 @@ def tokenizer_for(kind: str):
                                    unk_token="<unk>", mask_token="<mask>", cls_token="<s>", sep_token="</s>")
 
 
-def config_for(kind: str, vocab: int):
+def config_for(kind: str, vocab: int, positions: int = 66):
     from transformers import BertConfig, DistilBertConfig, ModernBertConfig, RobertaConfig, XLMRobertaConfig
 
     common = {"vocab_size": vocab, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-              "intermediate_size": 48, "max_position_embeddings": 66}
+              "intermediate_size": 48, "max_position_embeddings": positions}
     if kind == "bert":
         return BertConfig(**common)
     if kind == "distilbert":
@@ -67,14 +67,15 @@ def config_for(kind: str, vocab: int):
 KINDS = ("bert", "distilbert", "roberta", "xlm-roberta", "modernbert")
 
 
-def save_masked_lm(kind: str, root, *, pickled: bool, extra_rows: int = 0, seed: int = 0):
-    """A random masked LM of `kind` with its tokenizer in root/kind-{safetensors|bin}; returns the directory."""
+def save_masked_lm(kind: str, root, *, pickled: bool, extra_rows: int = 0, seed: int = 0, positions: int = 66):
+    """A random masked LM of `kind` with its tokenizer in root/kind-{safetensors|bin}; returns the directory.
+    `positions`: BERT-like families' position embeddings (the default keeps the models tiny)."""
     from safetensors.torch import save_file
     from transformers import AutoModelForMaskedLM
 
     tokenizer = tokenizer_for(kind)
     torch.manual_seed(seed)
-    mlm = AutoModelForMaskedLM.from_config(config_for(kind, len(tokenizer) + extra_rows)).eval()
+    mlm = AutoModelForMaskedLM.from_config(config_for(kind, len(tokenizer) + extra_rows, positions)).eval()
     with torch.no_grad():
         for p in mlm.parameters():  # biases and norms random too: a lost bias or transform must show
             p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.2))

@@ -28,23 +28,23 @@ import threading
 import time
 import uuid
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lsr_index.encode.feed import skipped_records
-from lsr_index.encode.job import Assignment, EncodeJob, Piece, pieces
-from lsr_index.encode.plan import Plan, planned
+from lsr_index.encode.feed import numbered_pieces, with_stats
+from lsr_index.encode.job import Assignment, EncodeJob, Piece
+from lsr_index.encode.plan import Plan, publish_shard
 from lsr_index.encode.task import ShardEncoder, WorkerResult
-from lsr_index.errors import LsrIndexError
+from lsr_index.encode.units import Units
+from lsr_index.errors import LsrIndexError, install_hint
 from lsr_index.runtime.durable import fsync_directory
-from lsr_index.runtime.progress import EncodeBar
 from lsr_index.runtime.threads import Prefetch
-from lsr_index.vectors.manifest import Manifest, Shard
+from lsr_index.vectors.manifest import Chunk, NodeStats, Shard
 from lsr_index.vectors.shards import SHARDS, attempt_dir, shard_file
 
-INSTALL = "pip install 'lsr-index[ray]'"
+INSTALL = install_hint("ray")
 QUEUED_PER_ACTOR = 2  # one encoding, one whose documents are already on their way
 READ_AHEAD = 4  # shards read and cut ahead of dispatch (the driver's memory: ~(2·actors + 4) shards of text)
 MAX_LOSSES = 3  # actors a shard may take down before it is blamed (a document that exhausts memory)
@@ -63,9 +63,9 @@ def check_address(address: str) -> str | None:
 
 
 def _reachable(address: str | None) -> None:
-    """Refuse at once an address where nothing listens: ray.init retried it for minutes (20 tries of ~35 s), printing
+    """Refuse at once an address where nothing listens: ray.init retries it for minutes (20 tries of ~35 s), printing
     Ray's connection warnings. A TCP connect to the cluster's GCS port, the address ray.init would use (found with
-    Ray's private helpers: a Ray without them skips this check, not the run)."""
+    Ray's private functions: a Ray without them skips this check, not the run)."""
     try:
         from ray._private.services import canonicalize_bootstrap_address, parse_address
     except ImportError:
@@ -139,10 +139,7 @@ class EncoderActor:
 
     def __init__(self, job: EncodeJob, device: str, threads: int, node: str):
         os.environ["RAYON_NUM_THREADS"] = str(threads)  # the tokenizer's pool, before its first use
-        import torch
-
-        torch.set_num_threads(threads)
-        self.node, self.device, self.error, self.task = node, device, None, None
+        self.node, self.device, self.error, self.task, self.job = node, device, None, None, job
         try:
             self.task = ShardEncoder(job, device, threads, reads_input=False)
             self.task.encoder  # noqa: B018 (waits for the model to load: ready() reports it, or why it failed)
@@ -161,12 +158,14 @@ class EncoderActor:
         if not (Path(directory) / SHARDS).is_dir():  # the driver made it: this node does not see the output
             raise LsrIndexError(f"{self.node}, shard {shard}: {directory} is not visible here; the output directory "
                                 "must be on a file system every node mounts at the same path")
-        parts: list[Shard] = []  # checkpointing is off: the one part is the finished shard
+        chunks: list[Chunk] = []  # checkpointing is off: one chunk, the whole shard
         try:
-            result = self.task.run(Path(directory), Assignment(), parts.append, lambda docs, tokens: None, source)
+            items = (with_stats(self.job, piece) for piece in source)
+            result = self.task.run(Path(directory), Assignment(), None, chunks.append, lambda docs, tokens: None,
+                                   source=items)
+            record = publish_shard(Path(directory), shard, chunks, self.job.options.output_format, chunks[0].start)
         except Exception as exc:
             raise LsrIndexError(f"{self.node}, shard {shard}: {_describe(exc)}") from None
-        [record] = parts
         return {"shard": record, "tokens": result.tokens, "began": began, "ended": time.time()}
 
 
@@ -241,14 +240,17 @@ class RayCluster:
             raise LsrIndexError(f"--ray {address or '(local)'}: the cluster has no GPU and no CPU to encode on")
         self.devices = ("cuda",) if gpus else ("cpu",)
 
-    def encode(self, job: EncodeJob, out: Path) -> Manifest:
-        """Encode `job` into `out` (shared by every node), resuming whatever an earlier run left."""
-        job = job.for_output(out)
+    def run(self, job: EncodeJob, plan: Plan, units: Units, progress: Callable[[int, int], None]
+            ) -> list[WorkerResult]:
+        """Encode every shard not published yet into plan.out (shared by every node); the driver reads the input."""
+        self._run = _Run(self, job, plan.out.resolve(), plan, units, progress)
         try:
-            with planned(job, out.resolve()) as plan:
-                return _Run(self, job, out.resolve(), plan).go()
+            return self._run.go()
         finally:
             self.shutdown()
+
+    def node_stats(self, seconds: float) -> list[NodeStats]:
+        return self._run.per_node(seconds)
 
     def shutdown(self) -> None:
         """End this job's actors; stop the cluster if ray.init started it (Ctrl-C and SIGTERM wait for the end)."""
@@ -257,8 +259,10 @@ class RayCluster:
 
 
 class _Run:
-    def __init__(self, cluster: RayCluster, job: EncodeJob, out: Path, plan: Plan):
+    def __init__(self, cluster: RayCluster, job: EncodeJob, out: Path, plan: Plan, units: Units,
+                 progress: Callable[[int, int], None]):
         self.cluster, self.ray, self.job, self.out, self.plan = cluster, cluster.ray, job, out, plan
+        self.units, self.progress = units, progress
         self.done = plan.assignment().done
         # a shard checkpointed by a one-machine run is encoded whole again here: only published shards are resumed
         self.resumed_at = plan.manifest.docs
@@ -285,12 +289,10 @@ class _Run:
             self.encoders.append(encoder)
             self.starting[handle.ready.remote()] = encoder
 
-    def go(self) -> Manifest:
-        reader = self.job.reader()
-        self.bar = EncodeBar(reader, self.resumed_at, self.job.options.progress)
-        shards = itertools.groupby(pieces(reader, self.job.options.shard_docs), key=lambda piece: piece.shard)
+    def go(self) -> list[WorkerResult]:
+        shards = itertools.groupby(numbered_pieces(self.job, self.units), key=lambda piece: piece.shard)
         stream = Prefetch(((k, list(group)) for k, group in shards if k not in self.done), READ_AHEAD, "read")
-        t0, started_at = time.perf_counter(), time.time()
+        started_at = time.time()
         read_all = False
         try:
             while True:
@@ -317,27 +319,15 @@ class _Run:
                 self.plan.flush_if_due()
         finally:
             stream.close()
-            self.bar.close()
             for attempt in self.inflight.values():
                 self._retire(attempt)
-        seconds = time.perf_counter() - t0
         # every shard is published: the cluster is let go before the manifest says complete, so that a signal while
         # a local cluster stops (seconds) finds a run that a rerun completes, not one it refuses as complete
         self.cluster.shutdown()
-        skipped = skipped_records(reader)
-        results = [WorkerResult(total_docs=reader.n_docs, tokens=e.tokens, skipped=skipped, worker=i,
-                                device=f"{e.device} on {e.name}", docs=e.docs,
-                                loaded_at=e.loaded_at or started_at, ready_at=e.began or started_at,
-                                done_at=e.ended or started_at, started="ray actor")
-                   for i, e in enumerate(self.encoders)]
-        manifest = self.plan.finish(results, self.resumed_at, seconds, started_at)
-        manifest.stats["per_node"] = self._per_node(seconds)
-        self.plan.save()
-        if self.job.options.progress:
-            for node in manifest.stats["per_node"]:
-                print(f"{node['node']}: {node['encoders']} encoder(s), {node['docs']:,} docs, "
-                      f"{node['docs_per_second']:,.1f} docs/s", file=sys.stderr)
-        return manifest
+        return [WorkerResult(tokens=e.tokens, worker=i, device=f"{e.device} on {e.name}", docs=e.docs,
+                             loaded_at=e.loaded_at or started_at, ready_at=e.began or started_at,
+                             done_at=e.ended or started_at, started="ray actor")
+                for i, e in enumerate(self.encoders)]
 
     def _dispatch(self, live: list[_Encoder]) -> None:
         for encoder in sorted(live, key=lambda e: len(e.inflight)):
@@ -397,8 +387,8 @@ class _Run:
         encoder.inflight.clear()
         self.queue.extendleft(reversed(requeued))
         held = f" holding shard(s) {', '.join(str(a.shard) for a in requeued)}" if requeued else ""
-        self.bar.write(f"lost the encoder on {encoder.device} of {encoder.name}{held} ({type(exc).__name__}); "
-                       f"{sum(not e.lost for e in self.encoders)} encoder(s) left")
+        print(f"lost the encoder on {encoder.device} of {encoder.name}{held} ({type(exc).__name__}); "
+              f"{sum(not e.lost for e in self.encoders)} encoder(s) left", file=sys.stderr)
 
     def _retire(self, attempt: _Attempt) -> None:
         """Delete an attempt's directory: the rename first, so that a late writer cannot create or publish there."""
@@ -419,17 +409,16 @@ class _Run:
         name = shard_file(attempt.shard, self.job.options.output_format)  # the same name inside the attempt
         os.replace(attempt.directory / name, self.out / name)
         fsync_directory((self.out / name).parent)
-        self.plan.record(shard)
+        self.plan.publish(shard)
         self._retire(attempt)
-        live = [e for e in self.encoders if e.ready and not e.lost]
-        self.bar.update(shard.docs, f"{len(live)} encoders on {len({e.node_id for e in live})} nodes")
+        self.progress(shard.docs, 0)
 
-    def _per_node(self, seconds: float) -> list[dict]:
+    def per_node(self, seconds: float) -> list[NodeStats]:
         nodes: dict[str, list[_Encoder]] = defaultdict(list)
         for encoder in self.encoders:
             nodes[encoder.name].append(encoder)
-        return [{"node": node, "encoders": len(group), "docs": sum(e.docs for e in group),
-                 "docs_per_second": round(sum(e.docs for e in group) / max(seconds, 1e-9), 1)}
+        return [NodeStats(node=node, encoders=len(group), docs=sum(e.docs for e in group),
+                          docs_per_second=round(sum(e.docs for e in group) / max(seconds, 1e-9), 1))
                 for node, group in sorted(nodes.items())]
 
 

@@ -1,15 +1,15 @@
 """An encode job: its settings, and how its document stream divides into shards and pieces.
 
 Documents are numbered in stream order; shard k holds documents [k·shard_docs, (k+1)·shard_docs). The reader's
-batches cut at shard edges are the job's pieces: the unit that is tokenized, encoded and checkpointed together.
-The pieces depend only on the input and the settings, never on where a run started, so a run resumed after a
-checkpoint encodes exactly the batches an uninterrupted run would have (the same vectors, byte for byte).
+batches (each within one input unit: lsr_index.inputs.units) cut at shard edges are the job's pieces: what is
+tokenized, encoded and written together. The pieces depend only on the input and the settings, never on how many
+workers share the units or where a run started, so any run encodes exactly the batches an uninterrupted one-worker
+run would have (the same vectors, byte for byte).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from hashlib import blake2b
 from pathlib import Path
@@ -18,17 +18,12 @@ import pyarrow as pa
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader, Fields
-from lsr_index.runtime.durable import create_new, real_path
-from lsr_index.settings import DEFAULTS, DTYPE, MAX_TOKENS, check
+from lsr_index.model.ref import ModelRef
+from lsr_index.runtime.durable import real_path
+from lsr_index.settings import CHARS_PER_TOKEN, DEFAULTS, DTYPE, MAX_TOKENS, check
 from lsr_index.vectors.manifest import Chunk, Part
 from lsr_index.vectors.quantize import Quantization
 
-# Characters kept per document: doc_max_length × this. A WordPiece token spans at most 100 characters (longer
-# words become one [UNK]: BERT's max_input_chars_per_word), and real text averages 4-6 per token in BERT, BPE and
-# SentencePiece vocabularies alike; the Rust tokenizer tokenizes a text whole before it truncates, so without a
-# bound one 60 MB document took 7.3 GB to yield 256 tokens. Only text past 100 characters per kept token (runs of
-# whitespace or of over-long words) can change what is encoded; such cuts are counted in the manifest.
-CHARS_PER_TOKEN = 100
 _DIGEST_MOD = 1 << 128
 
 
@@ -43,11 +38,13 @@ class EncodeOptions:
     backend: str = DEFAULTS["backend"]
     overwrite: bool = False
     progress: bool = True
-    checkpoint_seconds: float = DEFAULTS["checkpoint_seconds"]  # checkpointed at the first piece end past this
+    checkpoint_seconds: float = DEFAULTS["checkpoint_seconds"]  # checkpointed at a piece end before this passes
+    piece_docs: int | None = None  # documents encoded together; None: enough to fill a forward pass (a GPU's)
+    threads: int | None = None  # compute threads of a task on CPU; None: the cores this process may use
 
     def __post_init__(self) -> None:
         for name in ("doc_max_length", "query_max_length", "max_tokens", "shard_docs", "output_format", "backend",
-                     "checkpoint_seconds"):
+                     "checkpoint_seconds", "piece_docs", "threads"):
             check(name, getattr(self, name))
         if not isinstance(self.quantization, Quantization):
             raise LsrIndexError(f"quantization must be a Quantization, got {self.quantization!r}")
@@ -55,11 +52,12 @@ class EncodeOptions:
 
 @dataclass(frozen=True)
 class EncodeJob:
-    """Everything a worker process needs to rebuild its reader and model (picklable)."""
+    """Everything a worker process needs to rebuild its reader and model (picklable). A model given by name is
+    resolved and identified here, once: workers receive the reference, not the name."""
 
     inputs: tuple[str, ...]
-    model: str = DEFAULTS["model"]
-    query_model: str | None = None  # a separate query encoder; None: the document model's own route
+    model: ModelRef | str = DEFAULTS["model"]
+    query_model: ModelRef | str | None = None  # a separate query encoder; None: the document model's own route
     dtype: str = DTYPE["cpu"]
     fields: Fields = field(default_factory=Fields)
     on_error: str = "fail"
@@ -68,14 +66,18 @@ class EncodeJob:
 
     def __post_init__(self) -> None:
         check("dtype", self.dtype)
+        object.__setattr__(self, "model", ModelRef.resolve(self.model))
+        if self.query_model is not None:
+            object.__setattr__(self, "query_model", ModelRef.resolve(self.query_model))
 
     def for_output(self, out: Path) -> EncodeJob:
         return replace(self, output=str(real_path(out)))
 
     @property
     def window(self) -> int:
-        """Documents tokenized together and bucketed by length: large enough to fill a forward pass."""
-        return min(max(self.options.max_tokens // 16, 256), 16384)
+        """Documents tokenized, bucketed by length and written together (a piece's most). A GPU's fills its
+        forward passes; a CPU's is small, because a chunk is checkpointed only at a piece's end (CPU_PIECE_DOCS)."""
+        return self.options.piece_docs or min(max(self.options.max_tokens // 16, 256), 16384)
 
     @property
     def max_chars(self) -> int:
@@ -92,12 +94,11 @@ class EncodeJob:
 
 @dataclass(frozen=True)
 class Piece:
-    """Documents [start, start + len(rows)) of shard `shard`; `last`: the shard ends with it."""
+    """Documents [start, start + len(rows)) of shard `shard`."""
 
     shard: int
     start: int
     rows: pa.RecordBatch
-    last: bool
 
     @property
     def end(self) -> int:
@@ -106,33 +107,24 @@ class Piece:
     def digest(self) -> int:
         return input_digest(self.start, self.rows.column("id").to_pylist(), self.rows.column("text").to_pylist())
 
-    def part(self, lo: int, hi: int) -> Piece:
-        """Documents [lo, hi) (stream positions) of this piece; the part ends the shard if it keeps the piece's end."""
-        return Piece(self.shard, lo, self.rows.slice(lo - self.start, hi - lo), self.last and hi == self.end)
+
+def cut_at_shards(first: int, rows: pa.RecordBatch, shard_docs: int) -> list[Piece]:
+    """A batch whose first document is number `first`, cut at shard edges."""
+    cut, lo, end = [], first, first + rows.num_rows
+    while lo < end:
+        shard = lo // shard_docs
+        hi = min(end, (shard + 1) * shard_docs)
+        cut.append(Piece(shard, lo, rows.slice(lo - first, hi - lo)))
+        lo = hi
+    return cut
 
 
-def pieces(batches: Iterator[pa.RecordBatch] | CorpusReader, shard_docs: int) -> Iterator[Piece]:
-    """The stream's batches cut at shard edges, each knowing whether it ends its shard (looking one batch ahead,
-    so that the stream's short last shard ends with its last piece, not with a marker sent after the stream)."""
+def pieces(batches: Iterable[pa.RecordBatch], shard_docs: int) -> Iterator[Piece]:
+    """The pieces of a stream of batches numbered from document 0 (a CorpusReader's)."""
     position = 0
-    held: tuple[int, int, pa.RecordBatch] | None = None  # the latest piece, until we know whether the stream ends
     for batch in batches:
-        start, position = position, position + batch.num_rows
-        lo = start
-        while lo < position:
-            shard = lo // shard_docs
-            hi = min(position, (shard + 1) * shard_docs)
-            if held is not None:
-                yield Piece(*held, last=False)
-                held = None
-            rows = batch.slice(lo - start, hi - lo)
-            if hi == (shard + 1) * shard_docs:  # ends its shard whatever follows
-                yield Piece(shard, lo, rows, last=True)
-            else:
-                held = (shard, lo, rows)
-            lo = hi
-    if held is not None:
-        yield Piece(*held, last=True)
+        yield from cut_at_shards(position, batch, shard_docs)
+        position += batch.num_rows
 
 
 def input_digest(start: int, ids: Sequence[str], texts: Sequence[str]) -> int:
@@ -172,28 +164,13 @@ class PieceStats:
 
 @dataclass(frozen=True)
 class Assignment:
-    """The shards one task encodes: those not published yet, each resuming after the chunks already checkpointed for
-    it. The workers of one machine share them by claims: the first whose reader reaches a shard takes it, so a faster
-    device takes more shards. A fixed split (k mod W) kept the faster of two unequal GPUs idle while the other
-    finished its share: on one host whose two H100s ran 25.5k and 29k docs/s, two GPUs gave 1.59x one."""
+    """What a run has encoded already: the shards published and the chunks recorded (checkpoints), which every task
+    of the run leaves out."""
 
     done: frozenset[int] = frozenset()
-    chunks: dict[int, tuple[Chunk, ...]] = field(default_factory=dict)
-    worker: int = 0
-    workers: int = 1
-    claims: str | None = None  # the run's claims directory (shards.claims_dir), shared by its workers
+    chunks: tuple[Chunk, ...] = ()
 
-    def mine(self, shard: int) -> bool:
-        """Whether to encode `shard`: ask once per shard (a claim, when shared, is taken for good)."""
-        if shard in self.done:
-            return False
-        if self.claims is None:
-            return True
-        try:  # one file per shard, created by exactly one worker (O_EXCL)
-            os.close(create_new(Path(self.claims) / f"{shard:05d}"))
-        except FileExistsError:
-            return False
-        return True
-
-    def split(self, workers: int, claims: Path) -> list[Assignment]:
-        return [Assignment(self.done, self.chunks, w, workers, str(claims)) for w in range(workers)]
+    def covered(self, piece: Piece) -> bool:
+        """Whether `piece` is encoded already: in a published shard, or inside a recorded chunk."""
+        return piece.shard in self.done or any(c.start <= piece.start and piece.end <= c.end for c in self.chunks
+                                               if c.shard == piece.shard)

@@ -1,5 +1,7 @@
-"""Executors only schedule: each runs the one encode task (encode.task.ShardEncoder) on its devices and hands
-every event back to the planner, which alone writes the manifest (cluster.py is the cluster's executor)."""
+"""The local executor: the run's tasks on this machine's devices, in this process for one device, one worker
+process per device for several. Every task claims input units from the plan's `Units` (a faster device claims
+more), and every event comes back to the planner, which alone writes the manifest (cluster.py is the cluster's
+executor)."""
 
 from __future__ import annotations
 
@@ -8,32 +10,46 @@ import ctypes
 import os
 import pickle
 import queue
-import shutil
 import signal
 import sys
 import threading
 from collections.abc import Callable
 from contextlib import closing
-from pathlib import Path
 from typing import BinaryIO
 
-from lsr_index.encode.job import Assignment, EncodeJob
+from lsr_index.encode.feed import listen
+from lsr_index.encode.job import EncodeJob
+from lsr_index.encode.plan import Plan
 from lsr_index.encode.task import ShardEncoder, WorkerResult
-from lsr_index.errors import LsrIndexError
-from lsr_index.runtime.children import PythonChild, end_with_stdin, send_message
-from lsr_index.vectors.manifest import Part
-from lsr_index.vectors.shards import claims_dir
+from lsr_index.encode.units import RemoteUnits, Units
+from lsr_index.errors import InputError, LsrIndexError
+from lsr_index.runtime.children import PythonChild, relay, send_message
+from lsr_index.runtime.threads import host_cores
+from lsr_index.vectors.manifest import Chunk
 
 
-def run_in_process(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
-                   on_part: Callable[[Part], None], on_progress: Callable[[int, int], None]) -> list[WorkerResult]:
-    with closing(ShardEncoder(job, devices[0], os.cpu_count() or 1)) as encoder:
-        return [encoder.run(out, assignment, on_part, on_progress)]
+class LocalExecutor:
+    """A run's tasks on `devices` of this machine: one task in this process, or one worker process per device."""
+
+    def __init__(self, devices: tuple[str, ...]):
+        self.devices = devices
+
+    def run(self, job: EncodeJob, plan: Plan, units: Units, progress: Callable[[int, int], None]
+            ) -> list[WorkerResult]:
+        assignment = plan.assignment()
+        if len(self.devices) == 1:
+            with closing(ShardEncoder(job, self.devices[0], job.options.threads or host_cores())) as encoder:
+                return [encoder.run(plan.out, assignment, units, plan.record, progress)]
+        return _run_workers(job, plan, units, self.devices, progress)
+
+    def node_stats(self, seconds: float) -> None:
+        return None
 
 
 def worker_main(out: BinaryIO) -> None:
-    """A local encoding worker (a PythonChild): (job, output, device, assignment) from stdin, then its events as
-    ("part", Part), ("progress", (docs, tokens)), ("done", WorkerResult) or ("error", one line)."""
+    """A local encoding worker (a PythonChild): (job, output, device, assignment, worker number, workers) from stdin,
+    then the answers to its claims of units; its events as ("claim", worker), ("summary", worker, summary),
+    ("part", Chunk), ("progress", (docs, tokens)), ("done", WorkerResult) or ("error", one line)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C and ends its workers
     lock = threading.Lock()  # parts and progress come from the encoder's threads
 
@@ -42,24 +58,23 @@ def worker_main(out: BinaryIO) -> None:
             send_message(out, *message)
 
     try:
-        job, output, device, assignment = pickle.load(sys.stdin.buffer)
+        job, output, device, assignment, worker, workers = pickle.load(sys.stdin.buffer)
     except EOFError:
         os._exit(1)  # the parent ended while sending
     except Exception as exc:  # e.g. a class the job holds, defined in the script run: not importable here
         send("error", f"{sys.argv[3]} could not read its job ({type(exc).__name__}: {exc}): what a job holds must "
                       "be importable, not defined in the script that runs")
         os._exit(1)
-    threading.Thread(target=end_with_stdin, daemon=True).start()
-    cores = max(1, (os.cpu_count() or 1) // assignment.workers)
-    # the Rust tokenizer's thread pool and torch's take every core by default: W workers would oversubscribe them
+    units = RemoteUnits(lambda kind, *body: send(kind, worker, *body))
+    threading.Thread(target=listen, args=(sys.stdin.buffer, units), daemon=True).start()
+    cores = job.options.threads or max(1, host_cores() // workers)
+    # the Rust tokenizer's thread pool takes every core by default: W workers would oversubscribe them (torch's
+    # threads are set where the model loads: ShardEncoder)
     os.environ.setdefault("RAYON_NUM_THREADS", str(cores))
-    import torch
-
-    torch.set_num_threads(cores)
     try:
         with closing(ShardEncoder(job, device, cores)) as encoder:
-            result = encoder.run(output, assignment, emit=lambda part: send("part", part),
-                                 progress=lambda docs, tokens: send("progress", (docs, tokens)))
+            result = encoder.run(output, assignment, units, emit=lambda part: send("part", part),
+                                 progress=lambda docs, tokens: send("progress", (docs, tokens)), worker=worker)
         send("done", result)
     except BrokenPipeError:
         os._exit(1)  # the parent stopped reading: nobody to tell
@@ -69,28 +84,15 @@ def worker_main(out: BinaryIO) -> None:
         send("error", f"worker on {device} failed: {type(exc).__name__}: {exc}")
 
 
-def _relay(worker: PythonChild, inbox: queue.SimpleQueue) -> None:
-    """One worker's messages into the parent's inbox, up to its last; ("gone", the worker) if it ends without one."""
+def _record_queued(inbox: queue.SimpleQueue, on_part: Callable[[Chunk], None]) -> None:
+    """The chunks workers wrote before one failed, still queued: recorded, so that a rerun keeps them."""
     while True:
         try:
-            message = pickle.load(worker.messages)
-        except Exception:  # EOF, or a message cut off by its death
-            inbox.put(("gone", worker))
-            return
-        inbox.put(message)
-        if message[0] in ("done", "error"):
-            return
-
-
-def _record_queued(inbox: queue.SimpleQueue, on_part: Callable[[Part], None]) -> None:
-    """The parts workers published before one failed, still queued: recorded, so that a rerun keeps them."""
-    while True:
-        try:
-            kind, body = inbox.get_nowait()
+            kind, *body = inbox.get_nowait()
         except queue.Empty:
             return
         if kind == "part":
-            on_part(body)
+            on_part(body[0])
 
 
 def _forks_workers(devices: tuple[str, ...]) -> bool:
@@ -111,24 +113,12 @@ def _forks_workers(devices: tuple[str, ...]) -> bool:
 _CUDA_ERROR_NOT_INITIALIZED = 3
 
 
-def run_local_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment: Assignment,
-                      on_part: Callable[[Part], None], on_progress: Callable[[int, int], None],
-                      on_idle: Callable[[], None]) -> list[WorkerResult]:
-    """One process per device, sharing the shards by claims (Assignment.mine) in a directory of this run. Each is a
-    PythonChild, forked where that is safe (_forks_workers) with the model's code imported here first, else a new
-    interpreter: multiprocessing's spawn would run the caller's script again in each (twice the encode, from a script
-    without a main guard)."""
-    claims = out / claims_dir(str(os.getpid()))
-    claims.mkdir()
-    try:
-        return _run_workers(job, out, devices, assignment.split(len(devices), claims), on_part, on_progress, on_idle)
-    finally:  # the workers have ended: no claim is made after this
-        shutil.rmtree(claims, ignore_errors=True)
-
-
-def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignments: list[Assignment],
-                 on_part: Callable[[Part], None], on_progress: Callable[[int, int], None],
-                 on_idle: Callable[[], None]) -> list[WorkerResult]:
+def _run_workers(job: EncodeJob, plan: Plan, units: Units, devices: tuple[str, ...],
+                 progress: Callable[[int, int], None]) -> list[WorkerResult]:
+    """One worker process per device. Each is a PythonChild, forked where that is safe (_forks_workers) with the
+    model's code imported here first, else a new interpreter: multiprocessing's spawn would run the caller's script
+    again in each (twice the encode, from a script without a main guard). This process answers their claims of units
+    and numbers what they parse, in the order of their messages."""
     workers: list[PythonChild] = []
     results: list[WorkerResult] = []
     inbox: queue.SimpleQueue = queue.SimpleQueue()
@@ -137,36 +127,48 @@ def _run_workers(job: EncodeJob, out: Path, devices: tuple[str, ...], assignment
         from lsr_index.model import encoder  # noqa: F401 (torch, triton and the kernel, imported for the forks)
         from lsr_index.model.load import import_model_code
 
-        import_model_code(job.model)
+        import_model_code(job.model.here())
         fork = _forks_workers(devices)  # again: what was imported may have started a thread or CUDA
+
+    def tell(k: int, *message: object) -> None:
+        with contextlib.suppress(OSError, ValueError):  # it died: its relay says so
+            pickle.dump(message, workers[k].stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            workers[k].stdin.flush()
+
+    assignment = plan.assignment()
     try:
-        for device, part in zip(devices, assignments):
+        for k, device in enumerate(devices):
             worker = PythonChild("lsr_index.encode.local:worker_main", f"the encoding worker on {device}", fork=fork)
             workers.append(worker)
-            with contextlib.suppress(OSError):  # dead already: its relay says so
-                pickle.dump((job, out, device, part), worker.stdin)
-                worker.stdin.flush()
+            tell(k, job, plan.out, device, assignment, k, len(devices))
         for worker in workers:  # once all are forked: a relay running beside a fork would make it unsafe
-            threading.Thread(target=_relay, args=(worker, inbox), daemon=True).start()
+            threading.Thread(target=relay, args=(worker, inbox), daemon=True).start()
         while len(results) < len(workers):
             try:
-                kind, body = inbox.get(timeout=1.0)
+                kind, *body = inbox.get(timeout=1.0)
             except queue.Empty:
-                on_idle()
+                plan.flush_if_due()
                 continue
-            if kind == "part":
-                on_part(body)
+            if kind == "claim":
+                tell(body[0], "unit", units.claim())
+            elif kind == "summary":
+                units.submit(body[1], lambda numbered, k=body[0]: tell(k, "numbered", numbered))
+            elif kind == "part":
+                plan.record(body[0])
             elif kind == "progress":
-                on_progress(*body)
+                progress(*body[0])
             elif kind == "done":
-                body.started = "fork" if fork else "new interpreter"
-                results.append(body)
+                body[0].started = "fork" if fork else "new interpreter"
+                results.append(body[0])
             else:
-                _record_queued(inbox, on_part)
+                _record_queued(inbox, plan.record)
                 if kind == "gone":
-                    raise LsrIndexError(f"{body.what} died (exit code {body.exit_code(5)}); rerun the same command "
-                                        "to resume")
-                raise LsrIndexError(body)
+                    raise LsrIndexError(f"{body[0].what} died (exit code {body[0].exit_code(5)}); rerun the same "
+                                        "command to resume")
+                raise LsrIndexError(body[0])
+    except InputError:
+        _record_queued(inbox, plan.record)
+        raise
     finally:
         for worker in workers:
             worker.close(finished=len(results) == len(workers))

@@ -1,6 +1,8 @@
-"""Where a task's vectors go: shard files written in piece order on a thread of their own, checkpointed as hidden
-chunks every `checkpoint_seconds`, and published whole (one file, or its chunks concatenated) with the shard's last
-piece.
+"""Where a task's vectors go: chunk files, written in piece order on a thread of their own, each a run of consecutive
+documents of one shard. A chunk ends at its shard's end, where the task's next piece does not follow it (another task
+encodes what lies between), and at the last piece end before `checkpoint_seconds` pass since its first document
+began encoding (what a crash or Ctrl-C can lose); each finished chunk is reported, and the plan publishes a shard
+once its chunks cover it (shards.concatenate gives the bytes one uninterrupted writer would have).
 """
 
 from __future__ import annotations
@@ -15,115 +17,108 @@ from pathlib import Path
 
 import numpy as np
 
-from lsr_index.encode.job import Assignment, EncodeJob, Piece, PieceStats, digest_hex
-from lsr_index.vectors.manifest import Chunk, Part, Shard
+from lsr_index.encode.job import EncodeJob, Piece, PieceStats, digest_hex
+from lsr_index.vectors.manifest import Chunk
 from lsr_index.vectors.quantize import SparseVectors
 from lsr_index.vectors.serializers import SerializerPool
-from lsr_index.vectors.shards import ShardWriter, blocks, chunk_file, concatenate, shard_file
+from lsr_index.vectors.shards import ShardWriter, blocks, chunk_file
 
 
 @dataclass
 class _Open:
-    """A shard being written: its earlier checkpoints, and the writer of the piece run since the last one."""
+    """A chunk being written: its shard, its first document, when its first piece began encoding, and what its pieces
+    add to its record."""
 
-    chunks: list[Chunk]
-    writer: ShardWriter | None = None
-    start: int = 0  # first document of the writer's run
-    opened: float = 0.0
+    shard: int
+    start: int
+    writer: ShardWriter
+    began: float
     stats: PieceStats = field(default_factory=PieceStats)
 
+    @property
+    def end(self) -> int:
+        return self.start + self.writer.docs
 
-class ShardSink:
-    """Writes on its own thread, in piece order; checkpoints a shard at the first piece end past
-    `checkpoint_seconds` and publishes it with its last piece.
+
+class ChunkSink:
+    """Writes pieces on its own thread, in the order they are put, into chunk files; `emit` gets each finished chunk.
 
     With a `pool` (its encoder's serializer processes), JSON/gzip serialization runs there, each piece's blocks
     (shards.blocks) side by side: it is per-document Python work that would otherwise hold the GIL the encoder
-    needs. The writer thread appends their bytes in order.
-    """
+    needs. The writer thread appends their bytes in order."""
 
-    def __init__(self, out: Path, job: EncodeJob, vocab: np.ndarray, emit: Callable[[Part], None],
-                 pool: SerializerPool | None, serializers: int, assignment: Assignment):
-        self.out, self.job, self.vocab, self.emit, self.assignment = out, job, vocab, emit, assignment
+    def __init__(self, out: Path, job: EncodeJob, vocab: np.ndarray, emit: Callable[[Chunk], None],
+                 pool: SerializerPool | None, serializers: int):
+        self.out, self.job, self.vocab, self.emit = out, job, vocab, emit
         self.fmt = job.options.output_format
         self.pool = pool
         self.queue: queue.Queue = queue.Queue(maxsize=2 * serializers + 4)
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._work, daemon=True)
+        self.last_done = 0.0  # when the last piece was put: pieces overlap, so a piece takes from then or its start
+        self.thread = threading.Thread(target=self._work, name="sink", daemon=True)
         self.thread.start()
 
-    def put(self, piece: Piece, ids: list[str] | None, vectors: SparseVectors | None, stats: PieceStats) -> None:
-        """Queue a piece's vectors; `ids=None`: the piece was checkpointed earlier, only its shard's end is news."""
+    def put(self, piece: Piece, ids: list[str], vectors: SparseVectors, stats: PieceStats, started: float) -> None:
+        """Queue a piece's vectors; `started`: when its encoding began (time.monotonic)."""
         if self.error:
             raise self.error
         payload = [(self.pool.submit(block_ids, block, self.fmt), len(block_ids), block.nnz)
-                   for block_ids, block in blocks(ids, vectors)] if self.pool and ids else None
-        self.queue.put((piece.shard, piece.start, piece.last, ids, vectors, payload, stats))
+                   for block_ids, block in blocks(ids, vectors)] if self.pool else None
+        now = time.monotonic()
+        timing = (started, now, now - max(started, self.last_done))
+        self.last_done = now
+        self.queue.put((piece, ids, vectors, payload, stats, timing))
 
     def close(self, wait: bool = True) -> None:
-        self.queue.put(None)
+        """After the last piece: the open chunk is finished and reported (`wait`), or dropped (a failed run)."""
+        self.queue.put(None if wait else False)
         self.thread.join()
         if self.error and wait:
             raise self.error
 
     def _work(self) -> None:
-        shards: dict[int, _Open] = {}
+        chunk: _Open | None = None
         try:
-            while (item := self.queue.get()) is not None:
-                self._write(shards, *item)
+            while item := self.queue.get():
+                chunk = self._write(chunk, *item)
+            if item is None and chunk is not None:
+                self.emit(self._finish(chunk))
+                chunk = None
         except BaseException as exc:
             self.error = exc
-            while self.queue.get() is not None:  # drain so the producer never blocks
+            while self.queue.get():  # drain so the producer never blocks
                 pass
         finally:
-            for state in shards.values():  # incomplete: never published
-                if state.writer:
-                    state.writer.abort()
+            if chunk is not None:  # unfinished: never reported
+                chunk.writer.abort()
 
-    def _write(self, shards: dict[int, _Open], shard: int, start: int, last: bool, ids: list[str] | None,
-               vectors: SparseVectors | None, payload: list[tuple[Future, int, int]] | None, stats: PieceStats) -> None:
-        state = shards.setdefault(shard, _Open(list(self.assignment.chunks.get(shard, ()))))
-        if ids is not None:
-            if state.writer is None:
-                state.writer = ShardWriter(self.out / shard_file(shard, self.fmt), self.fmt, self.vocab)
-                state.start, state.opened, state.stats = start, time.monotonic(), PieceStats()
-            if payload is not None:
-                for block, docs, nonzeros in payload:
-                    state.writer.add_serialized(block.result(), docs, nonzeros)
-            else:
-                state.writer.add(ids, vectors)
-            state.stats.add(stats)
-        if last:
-            self.emit(self._publish(shard, shards.pop(shard)))
-        elif state.writer and time.monotonic() - state.opened >= self.job.options.checkpoint_seconds:
-            chunk = self._checkpoint(shard, state)
-            state.chunks.append(chunk)
-            self.emit(chunk)
-
-    def _checkpoint(self, shard: int, state: _Open) -> Chunk:
-        writer, state.writer = state.writer, None
-        sha = writer.finish(self.out / chunk_file(shard, state.start, self.fmt))
-        s = state.stats
-        return Chunk(file=chunk_file(shard, state.start, self.fmt), start=state.start, docs=writer.docs,
-                     nonzeros=writer.nonzeros, sha256=sha, input=digest_hex(s.digest), truncated=s.truncated,
-                     longest=s.longest, capped=s.capped, shard=shard)
-
-    def _publish(self, shard: int, state: _Open) -> Shard:
-        path = self.out / shard_file(shard, self.fmt)
-        if not state.chunks:  # the shard was written in one run: its one file is the shard
-            writer = state.writer
-            sha = writer.finish()
-            stats, docs, nonzeros = state.stats, writer.docs, writer.nonzeros
+    def _write(self, chunk: _Open | None, piece: Piece, ids: list[str], vectors: SparseVectors,
+               payload: list[tuple[Future, int, int]] | None, stats: PieceStats,
+               timing: tuple[float, float, float]) -> _Open | None:
+        started, done, took = timing
+        if chunk is not None and (chunk.shard != piece.shard or chunk.end != piece.start):
+            self.emit(self._finish(chunk))  # the piece does not follow it: another task encodes what lies between
+            chunk = None
+        if chunk is None:
+            writer = ShardWriter(self.out / chunk_file(piece.shard, piece.start, self.fmt), self.fmt, self.vocab)
+            chunk = _Open(piece.shard, piece.start, writer, started)
+        if payload is not None:
+            for block, docs, nonzeros in payload:
+                chunk.writer.add_serialized(block.result(), docs, nonzeros)
         else:
-            tail = [self._checkpoint(shard, state)] if state.writer else []
-            state.chunks += tail
-            sha = concatenate([self.out / c.file for c in state.chunks], path, self.fmt)
-            for chunk in tail:  # never recorded: the planner deletes the recorded chunks once the shard is listed
-                (self.out / chunk.file).unlink()
-            stats = PieceStats()
-            for chunk in state.chunks:
-                stats.add(PieceStats.of(chunk))
-            docs, nonzeros = sum(c.docs for c in state.chunks), sum(c.nonzeros for c in state.chunks)
-        return Shard(file=shard_file(shard, self.fmt), start=self.job.shard_range(shard)[0], docs=docs,
-                     nonzeros=nonzeros, sha256=sha, input=digest_hex(stats.digest), truncated=stats.truncated,
-                     longest=stats.longest, capped=stats.capped)
+            chunk.writer.add(ids, vectors)
+        chunk.stats.add(stats)
+        shard_end = (piece.shard + 1) * self.job.options.shard_docs
+        # checkpointed now if the next piece, taking as long as this one, would end past the bound
+        if piece.end == shard_end or done + took - chunk.began >= self.job.options.checkpoint_seconds:
+            self.emit(self._finish(chunk))
+            return None
+        return chunk
+
+    def _finish(self, chunk: _Open) -> Chunk:
+        name = chunk_file(chunk.shard, chunk.start, self.fmt)
+        sha = chunk.writer.finish()
+        s = chunk.stats
+        return Chunk(file=name, start=chunk.start, docs=chunk.writer.docs, nonzeros=chunk.writer.nonzeros, sha256=sha,
+                     input=digest_hex(s.digest), truncated=s.truncated, longest=s.longest, capped=s.capped,
+                     shard=chunk.shard)

@@ -1,9 +1,9 @@
-"""The one encode task: "encode the shards assigned to me of this job" (ShardEncoder.run), run in-process, in a local
-worker process, or by a cluster's actor (which loads the model once and runs the task once per shard). It encodes
-the pieces of its shards that are not checkpointed yet, and reports each checkpoint (a Chunk) and each finished
-shard (a Shard) through `emit`; it never touches the manifest.
+"""The one encode task: "encode the units I claim of this job" (ShardEncoder.run), run in-process, in a local worker
+process, or by a cluster's actor (which loads the model once and runs the task once per shard, on pieces its driver
+read). It encodes the pieces not encoded yet and reports each chunk it writes through `emit`; it never touches the
+manifest.
 
-Within a task, reading+tokenizing (input.py), the model, and serializing+writing (sink.py) run side by side: in
+Within a task, reading+tokenizing (feed.py), the model, and serializing+writing (sink.py) run side by side: in
 threads, or beside a GPU with reading and tokenizing in a process of their own and serializing in a pool of
 processes (vectors.serializers).
 """
@@ -16,25 +16,28 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
 from lsr_index.encode.feed import (
+    Feed,
     InputProcess,
     input_child,
     reads_in_a_process,
     serialized_tokenizer,
-    skipped_records,
+    tokenize_pieces,
     tokenized_pieces,
 )
-from lsr_index.encode.job import Assignment, EncodeJob, Piece, PieceStats, pieces
-from lsr_index.encode.sink import ShardSink
+from lsr_index.encode.job import Assignment, EncodeJob, Piece, PieceStats
+from lsr_index.encode.sink import ChunkSink
+from lsr_index.encode.units import RemoteUnits, Units
 from lsr_index.model.tokens import TextTokenizer, Tokens
 from lsr_index.runtime.threads import Prefetch
-from lsr_index.vectors.manifest import Part
+from lsr_index.runtime.timeline import mark
+from lsr_index.vectors.manifest import Chunk
 from lsr_index.vectors.quantize import SparseVectors, quantize
 from lsr_index.vectors.serializers import SerializerPool
 from lsr_index.vectors.shards import check_vocab
@@ -42,9 +45,7 @@ from lsr_index.vectors.shards import check_vocab
 
 @dataclass
 class WorkerResult:
-    total_docs: int  # documents in the whole stream
     tokens: int
-    skipped: list = field(default_factory=list)
     worker: int = 0
     device: str = "cpu"
     docs: int = 0  # documents this worker encoded
@@ -62,16 +63,16 @@ class ShardEncoder:
     """The model on one device, loaded once: a local worker runs it once, a cluster's actor once per shard.
 
     The weights load in a background thread while `run` already reads and tokenizes the first pieces (the
-    tokenizer and the vocabulary come first, from the tokenizer files): ~1 s of model load and ~1 s of the first
-    piece used to follow each other before the first batch."""
+    tokenizer and the vocabulary come first, from the tokenizer files): the model's load and the first piece's
+    reading, each about as long, overlap instead of adding up before the first batch."""
 
     def __init__(self, job: EncodeJob, device: str, cores: int, reads_input: bool = True):
         """`reads_input=False`: every run gets its pieces from the caller (a cluster's driver reads the input)."""
         if not device.startswith("cuda"):
             _reuse_freed_memory()
         self.pool: SerializerPool | None = None
-        # the input process starts first: its interpreter and imports (~0.4 s) pass while the tokenizer, the
-        # vocabulary and the serializers are made here; `run` hands it its work
+        # the input process starts first: its interpreter and imports (a fraction of a second) pass while the
+        # tokenizer, the vocabulary and the serializers are made here; `run` hands it its work
         self.input_child = input_child() if reads_input and reads_in_a_process(device) else None
         try:
             self._setup(job, device, cores)
@@ -80,10 +81,9 @@ class ShardEncoder:
             raise
 
     def _setup(self, job: EncodeJob, device: str, cores: int) -> None:
-        from lsr_index.model.load import load_tokenizer, tokenizer_terms
-
-        tokenizer = load_tokenizer(job.model)
-        vocab = tokenizer_terms(tokenizer)[0]  # what the model's vocabulary will be: its tokenizer's terms
+        self.model = model = job.model.here()
+        tokenizer = model.tokenizer()
+        vocab = model.terms()[0]  # what the model's vocabulary will be: its tokenizer's terms
         check_vocab(vocab)
         self.job, self.device, self.cores, self.loaded_at = job, device, cores, 0.0
         self.vocab = np.array(vocab, dtype=object)
@@ -106,20 +106,25 @@ class ShardEncoder:
             from lsr_index.model.encoder import SpladeEncoder
             from lsr_index.model.load import load_model
 
+            # torch's own default is every core of the machine, not the cores this process may use: threads beyond
+            # those wait on each other at every parallel region
+            torch.set_num_threads(self.cores)
             with ThreadPoolExecutor(1, thread_name_prefix="kernel-prepare") as beside:
                 prepared = None
                 if self.device.startswith("cuda"):
                     torch.cuda.set_device(self.device)
                     if self.job.options.backend != "torch":  # the Triton head will run: its key beside the load
                         prepared = beside.submit(sparton.prepare)
-                model = load_model(self.job.model, device=self.device, dtype=getattr(torch, self.job.dtype),
+                model = load_model(self.model, device=self.device, dtype=getattr(torch, self.job.dtype),
                                    tokenizer=tokenizer)
                 if prepared:
                     prepared.result()
             self.loaded_at = time.time()
+            mark(f"model on {self.device}")
             encoder = SpladeEncoder(model, max_tokens=self.job.options.max_tokens, backend=self.job.options.backend,
                                     tokenizer=self.tokenizer)
             encoder.warm_up(self.job.options.doc_max_length, partial(quantize, q=self.job.options.quantization))
+            mark(f"model warmed up on {self.device}")
             self._encoder.set_result(encoder)
         except BaseException as exc:
             self._encoder.set_exception(exc)
@@ -146,62 +151,55 @@ class ShardEncoder:
         if loading := getattr(self, "_encoder", None):
             wait([loading])
 
-    def run(self, out: Path, assignment: Assignment, emit: Callable[[Part], None],
-            progress: Callable[[int, int], None], source: Iterable[Piece] | None = None) -> WorkerResult:
-        """Encode the shards of `assignment` into `out`; `emit` receives each checkpoint and each finished shard, in
-        order. Without `source` the task reads the whole stream itself (to number documents, skipping the pieces of
-        other shards); with one (pieces a driver read, all of them to encode) it reads nothing, and the stream's
-        total and skipped records are the driver's to report."""
+    def run(self, out: Path, assignment: Assignment, units: Units | RemoteUnits | None, emit: Callable[[Chunk], None],
+            progress: Callable[[int, int], None], source: Iterable[Feed] | None = None, worker: int = 0
+            ) -> WorkerResult:
+        """Encode the units this task claims from `units` into `out`, leaving out what `assignment` has encoded
+        already; `emit` receives each chunk written. With `source` instead (pieces a driver read and numbered, with
+        their ids and texts), it reads nothing."""
         job, options = self.job, self.job.options
         ready_at = 0.0
         # a tokenizer that cannot be serialized (a custom Python pre-tokenizer) keeps to threads
         in_a_process = source is None and reads_in_a_process(self.device)
         tokenizer_json = serialized_tokenizer(self.tokenizer) if in_a_process else None
         child = tokenizer_json is not None
-        reader = job.reader() if source is None and not child else None
-
-        pending: dict[int, tuple[Piece, list[str] | None, Tokens | None, PieceStats, list]] = {}  # read, not yet sunk
-        sink: ShardSink | None = None
+        sink: ChunkSink | None = None
         spare, self.input_child = self.input_child, None  # a cluster's actor runs again: a new one then
         if spare and not child:
             spare.close()
         # reading and tokenizing begin now, while the model loads. In threads, one piece is read beside the load, no
-        # more: the load is Python work too, and reading further ahead took the GIL from it (BERT-base ready at
-        # 1.1-1.4 s instead of 0.4-0.6 s on an H200)
-        stream = InputProcess(job, assignment, tokenizer_json, spare) if child else Prefetch(tokenized_pieces(
-            job, assignment, pieces(reader, options.shard_docs) if source is None else source, self.tokenizer,
-            after_each=lambda: wait([self._encoder])), name="tokenize")
+        # more: the load is Python work too, and reading further ahead took the GIL from it
+        if child:
+            stream = InputProcess(job, assignment, units, tokenizer_json, spare)
+        elif source is not None:
+            stream = Prefetch(tokenize_pieces(source, self.tokenizer, options.doc_max_length), name="tokenize")
+        else:
+            stream = Prefetch(tokenized_pieces(job, assignment, units, self.tokenizer,
+                                               after_each=lambda: wait([self._encoder])), name="tokenize")
+        pending: dict[int, tuple[Piece, list[str], Tokens, PieceStats, list, float]] = {}
 
         def to_encode() -> Iterator[tuple[int, Tokens]]:
-            """The pieces with documents to encode, numbered; all pieces wait in `pending` for their turn."""
             nonlocal ready_at
             for n, (piece, ids, tokens, stats) in enumerate(stream):
-                ready_at = ready_at or time.time()
-                pending[n] = (piece, ids, tokens, stats, [])
-                if ids is not None:
-                    yield n, tokens
-
-        def sink_until(n: int | None) -> None:
-            """Hand the sink the pieces before n (None: all) that had nothing to encode (checkpointed earlier)."""
-            for k in sorted(k for k in pending if n is None or k < n):
-                piece, *_ = pending.pop(k)
-                sink.put(piece, None, None, PieceStats())
+                if not ready_at:
+                    ready_at = time.time()
+                    mark(f"first piece on {self.device}")
+                pending[n] = (piece, ids, tokens, stats, [], time.monotonic())
+                yield n, tokens
 
         try:
             encoder = self.encoder
             docs0, tokens0 = encoder.n_docs, encoder.n_tokens
-            sink = ShardSink(out, job, self.vocab, emit, self.pool, self.serializers, assignment)
+            sink = ChunkSink(out, job, self.vocab, emit, self.pool, self.serializers)
             quantizer = partial(quantize, q=options.quantization)
             for n, positions, part in encoder.encode_stream(to_encode(), quantizer):
-                piece, ids, tokens, stats, parts = pending[n]
+                piece, ids, tokens, stats, parts, started = pending[n]
                 if positions is not None:
                     parts.append((positions, part))
                     progress(len(positions), int(tokens.lengths[positions].sum()))
                     continue
-                sink_until(n)
                 del pending[n]
-                sink.put(piece, ids, SparseVectors.stack(parts, len(ids)), stats)
-            sink_until(None)
+                sink.put(piece, ids, SparseVectors.stack(parts, len(ids)), stats, started)
         except BaseException:
             stream.close()
             if sink is not None:
@@ -209,31 +207,26 @@ class ShardEncoder:
             raise
         stream.close()
         sink.close()
-        total, skipped = (stream.total_docs, stream.skipped) if child else \
-            (reader.n_docs, skipped_records(reader)) if reader else (0, [])
-        return WorkerResult(total_docs=total, tokens=encoder.n_tokens - tokens0, skipped=skipped,
-                            worker=assignment.worker, device=self.device, docs=encoder.n_docs - docs0,
-                            loaded_at=self.loaded_at, ready_at=ready_at or time.time(), done_at=time.time(),
-                            cores=self.cores, serializers=self.serializers)
+        return WorkerResult(tokens=encoder.n_tokens - tokens0, worker=worker, device=self.device,
+                            docs=encoder.n_docs - docs0, loaded_at=self.loaded_at, ready_at=ready_at or time.time(),
+                            done_at=time.time(), cores=self.cores, serializers=self.serializers)
 
 
 def _expandable_cuda_memory() -> None:
     """Let PyTorch's CUDA allocator grow segments instead of caching fixed-size blocks, unless the user set its
     options. Every length bucket has its own shape, and so do its activations and its [batch, vocabulary] output:
-    fixed blocks fragment, and the allocator frees and allocates (cudaFree waits for the GPU). Same H200 host, two
-    rounds: BERT-base 131k end to end 17,988 / 17,477 → 19,759 / 18,666 docs/s (benchmarks/NOTES_encode.md). Read at
-    the allocator's first use: a process that used CUDA memory before keeps its settings."""
+    fixed blocks fragment, and the allocator frees and allocates (cudaFree waits for the GPU); what growing segments
+    gain end to end: docs/performance/encode.md, "Changes kept". Read at the allocator's first use: a process that
+    used CUDA memory before keeps its settings."""
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 
 def _reuse_freed_memory() -> None:
-    """On CPU each batch allocates and frees blocks of tens of MB (the body's activations; the LM head's [tokens,
-    vocabulary chunk] blocks of up to 256 MB did too, before they were cut to cache size: kernels/reference.py). glibc
-    serves blocks past 32 MB with mmap and unmaps them on free, so each block faulted in ~65,000 fresh zeroed pages:
-    a quarter to a third of CPU encode time was system time (SciFact, 300 documents on 2 cores: 2.5 M minor faults,
-    7.5 s system of 30 s). Serving large blocks from the heap and keeping it across frees reuses those pages
-    (1.07 M faults, 3.8 s system, the same user time and bytes; set at process start through MALLOC_MMAP_MAX_=0 the
-    same tuning gave 0.41 M and 2.0 s; all measured with the head's old blocks)."""
+    """On CPU each batch allocates and frees blocks of tens of MB (the body's activations). glibc serves blocks past
+    32 MB with mmap and unmaps them on free, so every such block faults in thousands of fresh zeroed pages, and system
+    time becomes a large share of a CPU encode. Serving large blocks from the heap and keeping it across frees reuses
+    those pages, for the same user time and bytes (tests/test_encode_robustness.py counts the faults).
+    MALLOC_MMAP_MAX_=0 in the environment does the same from process start, and saves more."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):  # not glibc: nothing to tune

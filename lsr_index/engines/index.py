@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from lsr_index.errors import LsrIndexError
@@ -14,6 +15,43 @@ from lsr_index.runtime.durable import os_cause
 from lsr_index.vectors.manifest import Manifest
 
 INDEX_MANIFEST = "lsr-index.json"
+INDEX_KIND = "lsr-index/index"
+
+
+@dataclass(frozen=True)
+class IndexRecord:
+    """What a build published (the index's lsr-index.json): the engine and how it built, and the vectors manifest
+    it was built from, whose model and quantization `search` encodes queries with."""
+
+    documents: int
+    build_seconds: float
+    builder: str
+    threads: int | None  # as asked (None: the default)
+    writers: int
+    heap: str
+    vectors: str  # the vectors directory it was built from
+    vectors_manifest: Manifest
+    engine: str = "lucene"
+    kind: str = INDEX_KIND
+
+    def to_json(self) -> bytes:
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
+        body["vectors_manifest"] = json.loads(self.vectors_manifest.to_json())
+        return json.dumps(body, indent=2).encode() + b"\n"
+
+    @classmethod
+    def from_dict(cls, info: object, origin: str) -> IndexRecord:
+        if not isinstance(info, dict) or info.get("kind") != INDEX_KIND or "vectors_manifest" not in info:
+            raise LsrIndexError(f"{origin}: not an lsr-index index record; rebuild the index with `lsr-index build "
+                                "--overwrite`")
+        known = {f.name for f in fields(cls)}
+        body = {k: v for k, v in info.items() if k in known}
+        body["vectors_manifest"] = Manifest.from_dict(info["vectors_manifest"], origin)
+        try:
+            return cls(**body)
+        except TypeError as exc:
+            raise LsrIndexError(f"{origin}: malformed index record ({exc}); rebuild the index with `lsr-index build "
+                                "--overwrite`") from None
 
 
 class IndexGeneration:
@@ -63,8 +101,8 @@ class IndexGeneration:
         except OSError:
             return False
 
-    def record(self) -> tuple[dict, Manifest]:
-        """The index's own record and the vectors manifest it was built from (model, quantization)."""
+    def record(self) -> IndexRecord:
+        """The index's own record, with the vectors manifest it was built from (model, quantization)."""
         path = self.index / INDEX_MANIFEST
         try:
             fd = os.open(INDEX_MANIFEST, os.O_RDONLY | os.O_CLOEXEC, dir_fd=self.fd)
@@ -78,10 +116,7 @@ class IndexGeneration:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise LsrIndexError(f"{path}: not valid JSON ({exc}); rebuild the index with `lsr-index build "
                                 "--overwrite`") from None
-        if not isinstance(info, dict) or info.get("kind") != "lsr-index/index" or "vectors_manifest" not in info:
-            raise LsrIndexError(f"{path}: not an lsr-index index record; rebuild the index with `lsr-index build "
-                                "--overwrite`")
-        return info, Manifest.from_dict(info["vectors_manifest"], str(path))
+        return IndexRecord.from_dict(info, str(path))
 
     def size(self) -> int:
         """Bytes in the generation's files."""
@@ -99,7 +134,7 @@ class IndexGeneration:
         self.close()
 
 
-def index_manifest(index: Path) -> tuple[dict, Manifest]:
+def index_record(index: Path) -> IndexRecord:
     """The record of the generation of `index` published now."""
     with IndexGeneration(index) as generation:
         return generation.record()

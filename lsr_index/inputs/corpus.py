@@ -25,7 +25,9 @@ import pyarrow.parquet as pq
 from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.inputs.decompress import CORRUPT, open_decompressed
 from lsr_index.inputs.ids import MAX_ID_BYTES, RepeatedField, check_id
+from lsr_index.inputs.sequence import BatchSummary, Rejected, Sequencer, Skipped
 from lsr_index.inputs.sources import compression, describe, file_format, resolve
+from lsr_index.inputs.units import Unit, plan_units
 
 SCHEMA = pa.schema([("id", pa.string()), ("text", pa.string())])
 
@@ -36,7 +38,6 @@ _ID_HINT = (
     f"an id becomes a column of whitespace-separated run and qrels files and a Lucene term: "
     f"no whitespace, no control characters, at most {MAX_ID_BYTES:,} UTF-8 bytes"
 )
-_SKIP_HINT = "fix or remove the record, or rerun with --on-error skip to skip and list bad records"
 # A line this long is not a document but a binary or newline-less file: reading it whole would defeat
 # constant memory.
 _MAX_LINE_BYTES = 64 << 20
@@ -83,16 +84,6 @@ class Fields:
         return ((self.id,) if self.id is not None else _ID_KEYS) + (self.text or _TEXT_KEYS)
 
 
-@dataclass(frozen=True)
-class Skipped:
-    """A record left out under on_error="skip"; ``where`` is the 1-based line (JSONL) or row."""
-
-    path: str
-    where: int | None
-    doc_id: str | None
-    reason: str
-
-
 class _Bad(Exception):
     """A bad record: raised and caught inside the reader, never escapes it."""
 
@@ -108,9 +99,11 @@ class CorpusReader:
     ``source`` is a file, a directory (its files, sorted by name), a glob pattern (``**`` recurses;
     sorted), or a list of these, read in the order given; lsr_index.inputs.sources says which files a source
     names, and ``passed_over`` lists the directory entries its rules leave out (``exclude``: an output
-    directory). Batches hold at most ``batch_size`` rows. Ids must pass ``check_id`` and be unique across all
-    shards; each iteration starts afresh (``skipped`` and ``n_docs`` are reset). Memory is bounded by one
-    batch, one JSONL line, and for Parquet by one row group (Parquet decodes column chunks whole).
+    directory). The files are read unit by unit (lsr_index.inputs.units), each cut into batches of at most
+    ``batch_size`` rows, so the batches are those that any division of the work among readers gives (parse_unit,
+    sequence.Sequencer). Ids must pass ``check_id`` and be unique across all shards; each iteration starts afresh
+    (``skipped`` and ``n_docs`` are reset). Memory is bounded by one batch, one JSONL line, and for Parquet by one
+    row group (Parquet decodes column chunks whole).
     """
 
     def __init__(
@@ -131,47 +124,33 @@ class CorpusReader:
             raise ValueError("no corpus source given")
         self.fields, self.on_error, self.batch_size, self.max_chars = fields, on_error, batch_size, max_chars
         self.files, self.passed_over = resolve(sources, exclude)
-        self._label = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (+{len(sources) - 1} more)"
+        self.label = str(sources[0]) if len(sources) == 1 else f"{sources[0]} (+{len(sources) - 1} more)"
         self.skipped: list[Skipped] = []
         self.n_docs = 0
 
+    def units(self) -> list[Unit]:
+        return plan_units(self.files)
+
+    def sequencer(self, units: list[Unit]) -> Sequencer:
+        return Sequencer(units, self.on_error, self.label)
+
+    def parse(self, unit: Unit) -> Iterator[ParsedBatch]:
+        """The unit's documents in batches, before numbering (see parse_unit)."""
+        return parse_unit(unit, self.fields, self.batch_size, self.max_chars)
+
     def __iter__(self) -> Iterator[pa.RecordBatch]:
         self.skipped, self.n_docs = [], 0
-        # 64-bit keyed hashes of the ids seen so far (~80 bytes per document in a set): exact ids would
-        # cost more for long ids; a false "duplicate" has odds ~n²/2⁶⁵ (1e-6 at ten million documents).
-        seen: set[int] = set()
-        ids: list[str] = []
-        texts: list[str] = []
-        chars = 0
-        for path in self.files:
-            for where, record in self._records(path):
-                try:
-                    doc_id, text = self._document(record)
-                    # a 64-bit blake2b digest, not hash(): the same in every process (workers, resumed runs)
-                    key = int.from_bytes(blake2b(doc_id.encode(), digest_size=8).digest(), "little")
-                    if key in seen:
-                        raise _Bad(
-                            f"duplicate id {doc_id!r}: an earlier record has it",
-                            doc_id,
-                            "ids must be unique across all shards (skipping keeps the first)",
-                        )
-                    seen.add(key)
-                except _Bad as bad:
-                    self._reject(path, where, bad)
-                    continue
-                ids.append(doc_id)
-                texts.append(text)
-                chars += len(text)
-                if len(ids) == self.batch_size or chars >= _MAX_BATCH_CHARS:
-                    yield self._batch(ids, texts)
-                    ids, texts, chars = [], [], 0
-        if ids:
-            yield self._batch(ids, texts)
-        if self.n_docs == 0:
-            if self.skipped:
-                reason = f"no documents: all {len(self.skipped)} records were skipped"
-                raise InputError(self._label, None, reason, f"the first: {self.skipped[0].reason}")
-            raise InputError(self._label, None, "no documents", "the corpus files are empty")
+        units = self.units()
+        sequencer = self.sequencer(units)
+        self.skipped = sequencer.skipped
+        for unit in units:
+            for parsed in self.parse(unit):
+                [numbered] = sequencer.add(parsed.summary)
+                self.n_docs = sequencer.n_docs
+                ids, texts = numbered.kept(parsed.ids), numbered.kept(parsed.texts)
+                if ids:
+                    yield batch_of(ids, texts)
+        sequencer.finish()
 
     def estimate_docs(self) -> tuple[int, bool]:
         """How many documents the input holds, for a progress bar: (count, exact). Parquet and Arrow files give
@@ -199,75 +178,129 @@ class CorpusReader:
                 exact = False
         return total, exact
 
-    def _batch(self, ids: list[str], texts: list[str]) -> pa.RecordBatch:
-        self.n_docs += len(ids)
-        return pa.RecordBatch.from_arrays([string_array(ids), string_array(texts)], schema=SCHEMA)
 
-    def _records(self, path: Path) -> Iterator[tuple[int, Any]]:
-        """(where, record) pairs of one file: a dict, or a _Bad for a record that could not be parsed."""
-        fmt = file_format(path)
-        try:
-            if fmt == "JSONL":
-                yield from _jsonl_records(path, RepeatedField(self.fields.names()))
-            else:
-                yield from _table_records(path, fmt, self.fields, self.batch_size)
-        except (OSError, EOFError, UnicodeDecodeError, pa.ArrowException) as e:
-            raise InputError(path, None, f"cannot read this {fmt} file: {describe(e)}") from e
 
-    def _document(self, record: Any) -> tuple[str, str]:
-        if isinstance(record, _Bad):
-            raise record
-        if not isinstance(record, dict):
-            raise _Bad(f"expected a JSON object, got {_kind(record)}")
-        id_key = _id_field(self.fields, record)
-        if id_key is None:
-            raise _Bad(f"no id field (expected {_id_expectation(self.fields)})")
-        value = record[id_key]
-        if type(value) is int:  # not bool, which is an int too
-            doc_id = str(value)
-        elif type(value) is str:
-            doc_id = value
-            problem = check_id(doc_id)
-            if problem:  # doc_id left out of the report: the formats the id would go to cannot hold it
-                raise _Bad(problem, hint=_ID_HINT)
+@dataclass
+class ParsedBatch:
+    """Documents of one unit, parsed and checked one by one, not yet numbered: the texts stay with the reader, the
+    summary goes to the sequencer."""
+
+    summary: BatchSummary
+    texts: list[str]
+
+    @property
+    def ids(self) -> list[str]:
+        return self.summary.ids
+
+
+def batch_of(ids: list[str], texts: list[str]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays([string_array(ids), string_array(texts)], schema=SCHEMA)
+
+
+def id_hashes(ids: Sequence[str]) -> np.ndarray:
+    """64-bit blake2b digests of the ids (not hash(): the same in every process, so any reader may compute them)."""
+    return np.fromiter((int.from_bytes(blake2b(i.encode(), digest_size=8).digest(), "little") for i in ids),
+                       np.uint64, len(ids))
+
+
+def parse_unit(unit: Unit, fields: Fields, batch_size: int, max_chars: int | None) -> Iterator[ParsedBatch]:
+    """A unit's documents in batches of at most `batch_size` (fewer where their texts reach _MAX_BATCH_CHARS), each
+    with the records refused since the previous one; the last batch (possibly empty) says so. A file that cannot be
+    read on ends the unit with its failure, after the documents read before it."""
+    ids: list[str] = []
+    texts: list[str] = []
+    wheres: list[int] = []
+    rejects: list[Rejected] = []
+    chars = batch = 0
+    counter = _Lines()
+    failure = None
+    try:
+        for where, record in _records(unit, fields, batch_size, counter):
+            try:
+                doc_id, text = _document(fields, max_chars, record)
+            except _Bad as bad:
+                rejects.append(Rejected(where, bad.doc_id, bad.reason, bad.hint))
+                continue
+            ids.append(doc_id)
+            texts.append(text)
+            wheres.append(where)
+            chars += len(text)
+            if len(ids) == batch_size or chars >= _MAX_BATCH_CHARS:
+                yield ParsedBatch(BatchSummary(unit.index, batch, ids, id_hashes(ids), wheres, rejects), texts)
+                ids, texts, wheres, rejects, chars, batch = [], [], [], [], 0, batch + 1
+    except InputError as exc:
+        failure = exc
+    yield ParsedBatch(BatchSummary(unit.index, batch, ids, id_hashes(ids), wheres, rejects, last=True,
+                                   lines=counter.lines, failure=failure), texts)
+
+
+class _Lines:
+    """The lines a JSONL unit's reading has gone through (the next unit of the file numbers its lines after them)."""
+
+    lines = 0
+
+
+def _records(unit: Unit, fields: Fields, batch_size: int, counter: _Lines) -> Iterator[tuple[int, Any]]:
+    """(where, record) pairs of one unit: a dict, or a _Bad for a record that could not be parsed."""
+    path = unit.path
+    try:
+        if unit.fmt == "JSONL":
+            yield from _jsonl_records(unit, RepeatedField(fields.names()), counter)
         else:
-            raise _Bad(f"id field {id_key!r} is {_kind(value)}, expected a string or an integer")
-        text_keys, optional = _text_fields(self.fields, record)
-        if not text_keys:
-            raise _Bad(f"no text field (expected {_text_expectation(self.fields)})", doc_id)
-        parts = []
-        for key in text_keys:
-            if key not in record:
-                if key in optional:
-                    continue
-                raise _Bad(f"no text field {key!r}", doc_id)
-            value = record[key]
-            if type(value) is str:
-                if value:
-                    parts.append(value)
-            elif value is not None:
-                raise _Bad(f"text field {key!r} is {_kind(value)}, expected a string", doc_id)
-        text = parts[0] if len(parts) == 1 else " ".join(parts)
-        # An escaped \u0000 is legal JSON but an extraction artefact that C-level tools choke on.
-        if "\x00" in text:
-            text = text.replace("\x00", " ")
-        if not text or text.isspace():
-            raise _Bad("empty text" if not text else "text is only whitespace", doc_id)
-        if self.max_chars is not None and len(text) > self.max_chars:
-            text = text[: self.max_chars]
-        return doc_id, text
+            yield from _table_records(unit, fields, batch_size)
+    except (OSError, EOFError, UnicodeDecodeError, pa.ArrowException) as e:
+        raise InputError(path, None, f"cannot read this {unit.fmt} file: {describe(e)}") from e
 
-    def _reject(self, path: Path, where: int, bad: _Bad) -> None:
-        if self.on_error == "fail":
-            hint = f"{bad.hint}; {_SKIP_HINT}" if bad.hint else _SKIP_HINT
-            raise InputError(path, where, bad.reason, hint)
-        self.skipped.append(Skipped(str(path), where, bad.doc_id, bad.reason))
+
+def _document(fields: Fields, max_chars: int | None, record: Any) -> tuple[str, str]:
+    if isinstance(record, _Bad):
+        raise record
+    if not isinstance(record, dict):
+        raise _Bad(f"expected a JSON object, got {_kind(record)}")
+    id_key = _id_field(fields, record)
+    if id_key is None:
+        raise _Bad(f"no id field (expected {_id_expectation(fields)})")
+    value = record[id_key]
+    if type(value) is int:  # not bool, which is an int too
+        doc_id = str(value)
+    elif type(value) is str:
+        doc_id = value
+        problem = check_id(doc_id)
+        if problem:  # doc_id left out of the report: the formats the id would go to cannot hold it
+            raise _Bad(problem, hint=_ID_HINT)
+    else:
+        raise _Bad(f"id field {id_key!r} is {_kind(value)}, expected a string or an integer")
+    text_keys, optional = _text_fields(fields, record)
+    if not text_keys:
+        raise _Bad(f"no text field (expected {_text_expectation(fields)})", doc_id)
+    parts = []
+    for key in text_keys:
+        if key not in record:
+            if key in optional:
+                continue
+            raise _Bad(f"no text field {key!r}", doc_id)
+        value = record[key]
+        if type(value) is str:
+            if value:
+                parts.append(value)
+        elif value is not None:
+            raise _Bad(f"text field {key!r} is {_kind(value)}, expected a string", doc_id)
+    text = parts[0] if len(parts) == 1 else " ".join(parts)
+    # An escaped \u0000 is legal JSON but an extraction artefact that C-level tools choke on.
+    if "\x00" in text:
+        text = text.replace("\x00", " ")
+    if not text or text.isspace():
+        raise _Bad("empty text" if not text else "text is only whitespace", doc_id)
+    if max_chars is not None and len(text) > max_chars:
+        text = text[:max_chars]
+    return doc_id, text
 
 
 def string_array(values: Sequence[str]) -> pa.Array:
     """Python strings as an Arrow string array, from their UTF-8 bytes. `pa.array` on a list would do the same, but
-    its first call imports pandas (to ask whether the list is a pandas object): 0.3 s inside the first batch of
-    every run, on the path to the first forward pass, wherever pandas is installed (Pyserini installs it)."""
+    its first call imports pandas (to ask whether the list is a pandas object): a noticeable fraction of a second
+    inside the first batch of every run, on the path to the first forward pass, wherever pandas is installed
+    (Pyserini installs it)."""
     if all(map(str.isascii, values)):  # characters are bytes: lengths come free, one encode of the whole batch
         data, parts = "".join(values).encode(), values
     else:
@@ -281,22 +314,32 @@ def string_array(values: Sequence[str]) -> pa.Array:
                                                             pa.py_buffer(data)])
 
 
-def _jsonl_records(path: Path, repeated: RepeatedField) -> Iterator[tuple[int, Any]]:
-    """(line, record) pairs; ``repeated`` finds an object naming a field it reads twice (which value is meant?)."""
+def _jsonl_records(unit: Unit, repeated: RepeatedField, counter: _Lines) -> Iterator[tuple[int, Any]]:
+    """(line, record) pairs of a JSONL unit, lines numbered from its start (the sequencer adds the file's lines
+    before it); ``repeated`` finds an object naming a field it reads twice (which value is meant?)."""
+    path = unit.path
     line_no = 0
     suffix = compression(path)
+    stop = unit.stop if unit.stop is not None else float("inf")
     with open_decompressed(path, suffix) if suffix else open(path, "rb") as f:
+        if unit.start:
+            f.seek(unit.start)
+        position = unit.start
         try:
-            while line := f.readline(_MAX_LINE_BYTES):
+            while position < stop and (line := f.readline(_MAX_LINE_BYTES)):
+                position += len(line)
                 line_no += 1
+                counter.lines = line_no
                 # Before parsing: the first _MAX_LINE_BYTES of a longer line may be valid JSON on their own
                 # (an object, then spaces), and the rest would be read as another line.
                 if len(line) == _MAX_LINE_BYTES and not line.endswith(b"\n") and (rest := f.readline(1)):
+                    position += len(rest)
                     while rest and not rest.endswith(b"\n"):
                         rest = f.readline(_MAX_LINE_BYTES)
+                        position += len(rest)
                     yield line_no, _Bad(f"line longer than {_MAX_LINE_BYTES} bytes")
                     continue
-                if line_no == 1 and line.startswith(codecs.BOM_UTF8):
+                if line_no == 1 and unit.starts_file and line.startswith(codecs.BOM_UTF8):
                     line = line[3:]
                 try:
                     record = orjson.loads(line)
@@ -304,7 +347,7 @@ def _jsonl_records(path: Path, repeated: RepeatedField) -> Iterator[tuple[int, A
                     if line.strip():  # blank lines separate nothing and are not records
                         yield line_no, _json_problem(line, e)
                     continue
-                # RepeatedField's first test, here too: a call per line costs the reader's loop 0.4 µs
+                # RepeatedField's first test, here too: a function call per line is a cost the reader's loop can see
                 twice = type(record) is dict and line.count(b":") > len(record) and repeated(line, record)
                 if twice:
                     yield line_no, _Bad(f"field {twice!r} appears more than once in the object",
@@ -356,16 +399,20 @@ def _json_problem(line: bytes, error: orjson.JSONDecodeError) -> _Bad:
     )
 
 
-def _table_records(path: Path, fmt: str, fields: Fields, batch_size: int) -> Iterator[tuple[int, Any]]:
+def _table_records(unit: Unit, fields: Fields, batch_size: int) -> Iterator[tuple[int, Any]]:
+    """(row, record) pairs of a Parquet unit's row groups or of an Arrow IPC file, rows numbered in the file."""
+    path = unit.path
     with ExitStack() as stack:
-        if fmt == "Parquet":
+        if unit.fmt == "Parquet":
             parquet = stack.enter_context(pq.ParquetFile(path))
             columns = _columns(path, parquet.schema_arrow, fields)
-            batches: Iterator[pa.RecordBatch] = parquet.iter_batches(batch_size=batch_size, columns=columns)
+            groups = range(unit.start, unit.stop if unit.stop is not None else parquet.num_row_groups)
+            batches: Iterator[pa.RecordBatch] = parquet.iter_batches(batch_size=batch_size, row_groups=list(groups),
+                                                                     columns=columns)
         else:
             schema, batches = _ipc_batches(path, stack.enter_context(pa.memory_map(os.fspath(path))))
             columns = _columns(path, schema, fields)
-        row = 0
+        row = unit.first_row
         for batch in batches:
             for record in _rows(batch.select(columns)):
                 row += 1

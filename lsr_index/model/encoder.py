@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 import sparton
-from lsr_index.model import packed
+from lsr_index.model import packed as packed_body
 from lsr_index.model.load import SpladeModel
 from lsr_index.model.probe import made_up_ids
 from lsr_index.model.tokens import TextTokenizer, Tokens
@@ -162,9 +162,9 @@ class SpladeEncoder:
         """On CUDA, run made-up batches (`sizes` tokens each) through the body, the head and `then` once, so that a new
         process pays its first calls here, in the model load's thread, and not inside its first batches: Triton's
         first launch of the head, each CUDA kernel's lazy load, cuBLAS's set-up, PyTorch's stream pool. A new
-        process's first pass then runs at the warm rate (XLM-R base: 14.6k docs/s against 11.0k without, the second
-        pass 14.8k). It lengthens the start-up by about as much: end to end in new processes XLM-R +9 %, BERT-base
-        −2 % (benchmarks/NOTES_encode.md)."""
+        process's first pass then runs at the warm rate. It lengthens the start-up by about what the first pass saves,
+        so end to end it pays where first calls cost most (a 250k vocabulary's head) and is even elsewhere
+        (docs/performance/encode.md, "A new process's first pass")."""
         if self.device.type != "cuda":
             return
         counts = self.n_docs, self.n_tokens
@@ -188,11 +188,10 @@ class SpladeEncoder:
 
     def _attention(self) -> AbstractContextManager:
         """Attention without cuDNN's kernel on CUDA. Each length bucket is a new (batch, length) shape, and cuDNN
-        builds an execution plan for every shape it has not seen (0.44 s each on a B200 with torch 2.11 and this
-        same transformers SDPA call: modelscope/FunASR#3704; 55-70 ms a plan: flashinfer-ai/flashinfer#5245).
-        Here, on an H100, a first pass over new shapes ran at half the speed of a second (12.1k vs 25.2k docs/s),
-        while warm the memory-efficient kernel ran the BERT-base body as fast as cuDNN's (68.0 vs 69.2 ms for
-        131k tokens). The end-to-end gain of this choice has not been measured yet."""
+        builds an execution plan for every shape it has not seen (tens to hundreds of milliseconds a plan with this
+        same transformers SDPA call: modelscope/FunASR#3704, flashinfer-ai/flashinfer#5245), so a first pass over
+        new shapes runs far slower than a second, while warm the memory-efficient kernel runs the body as fast as
+        cuDNN's (docs/performance/encode.md, "One batch"). Its end-to-end gain has not been measured."""
         if self.device.type != "cuda":
             return nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -204,8 +203,8 @@ class SpladeEncoder:
         seq_lens = tokens.lengths[positions]
         longest = int(seq_lens[0])
         if self.model.packed:
-            input_ids, position_ids, cu_seqlens = self._upload(packed.inputs(tokens, positions, self.model.body))
-            real = packed.forward(self.model.body, input_ids, position_ids, cu_seqlens, longest)
+            input_ids, position_ids, cu_seqlens = self._upload(packed_body.inputs(tokens, positions, self.model.body))
+            real = packed_body.forward(self.model.body, input_ids, position_ids, cu_seqlens, longest)
         else:
             real, cu_seqlens = self._padded_body(tokens, positions, seq_lens, longest)
         weights = sparton.splade_max_packed(real, self.model.weight, self.model.bias, cu_seqlens, max_seqlen=longest,
@@ -233,10 +232,10 @@ class SpladeEncoder:
     def _upload(self, arrays: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """The batch's input arrays on the model's device. On CUDA in one asynchronous copy through page-locked host
         memory, so the copy does not wait for the GPU to finish the last batch (transformers' attention-mask check
-        still does, once a forward: benchmarks/NOTES_encode.md). A copy from pageable
-        memory waits for the stream (PyTorch syncs after it; with non_blocking the driver still did: an H100 run's
-        main thread's most frequent stack was that copy), and pinning each batch's arrays anew cost more than it saved
-        (page-locking four arrays a batch: 3.3 s of the main thread in a 36 s run)."""
+        still does, once a forward: docs/performance/encode.md, "Changes rejected"). A copy from pageable memory
+        waits for the stream (PyTorch syncs after it, and with non_blocking the driver still does: sampled, that copy
+        was the main thread's most frequent stack), and pinning each batch's arrays anew costs more than it saves
+        (page-locking is slow, and the main thread would pay it for four arrays a batch)."""
         if self.device.type != "cuda":
             return [torch.from_numpy(a) for a in arrays]
         if self._staging is None:

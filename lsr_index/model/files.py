@@ -6,24 +6,20 @@ Everything here reads files only: no model class is built, no pickle is fully un
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import pickle
 import re
 import sys
-import time
+import warnings
 import zipfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.runtime.durable import atomic_write_bytes
-
-T = TypeVar("T")
+from lsr_index.runtime.durable import sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -43,16 +39,10 @@ _ST_ACTIVATIONS = {"relu": "log1p_relu", "log1p_relu": "log1p_log1p_relu"}
 
 
 def cache_root() -> Path:
-    """Where lsr-index keeps what it fetched or computed once: models, model identities."""
+    """Where lsr-index keeps what it fetched once: the embedded models."""
     return Path(os.environ.get("LSR_INDEX_CACHE", Path.home() / ".cache" / "lsr-index"))
 
 
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def identity_files(path: Path) -> list[str]:
@@ -74,77 +64,18 @@ def _is_identity(name: str) -> bool:
     return name in _IDENTITY_NAMES or name.endswith(_IDENTITY_SUFFIXES)
 
 
-def model_sha256(path: Path) -> str:
-    """A model's identity: sha256 over the sorted (relative name, sha256) pairs of its identity files.
-
-    Two directories share it only if every file that can change a vector is byte-identical; a README, a model
-    card or a training log does not enter it."""
+def identity(path: Path) -> tuple[str, dict[str, str]]:
+    """A model's identity, sha256 over the sorted (relative name, sha256) pairs of its identity files, and each
+    file's sha256. Two directories share it only if every file that can change a vector is byte-identical; a README,
+    a model card or a training log does not enter it. A run computes it once (model.ref.ModelRef)."""
     files = identity_files(path)
     if not files:
         raise LsrIndexError(f"model {path}: no model files (config.json, weights, tokenizer) in it")
-    return kept_per_process(path, "sha256", files, lambda: _recorded_sha256(path, files))
-
-
-def _recorded_sha256(path: Path, files: list[str]) -> str:
-    """The identity as recorded in the cache for this directory while its files keep the recorded stamps; else
-    hashed, and recorded once the files are settled. Hashing every file was every run's first cost on a large
-    model: 0.3-0.5 s of an H100 run's start on BERT-base (440 MB) even with the files in the page cache."""
-    where = str(path.resolve())
-    record = cache_root() / "identity" / f"{hashlib.sha256(where.encode()).hexdigest()[:32]}.json"
-    stamps = _stamps(path, files)
-    try:
-        kept = json.loads(record.read_bytes())
-        if kept["path"] == where and kept["stamps"] == [list(s) for s in stamps]:
-            return kept["sha256"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass  # none yet, or unreadable: hashed again, and recorded anew
-    value = _hash_files(path, files)
-    if _settled(stamps) and _stamps(path, files) == stamps:  # unchanged while it was read
-        body = {"path": where, "stamps": stamps, "sha256": value}
-        with contextlib.suppress(LsrIndexError):  # a read-only cache costs the hash next time, nothing else
-            atomic_write_bytes(record, json.dumps(body).encode())
-    return value
-
-
-def _hash_files(path: Path, files: list[str]) -> str:
-    digest = hashlib.sha256()
+    digests = {name: sha256_file(path / name) for name in files}
+    combined = hashlib.sha256()
     for name in files:
-        digest.update(f"{name}\0{sha256_file(path / name)}\n".encode())
-    return digest.hexdigest()
-
-
-def kept_per_process(path: Path, what: str, files: list[str], compute: Callable[[], T]) -> T:
-    """compute(), kept for this process while none of `files` (in directory `path`) changes size, times or inode.
-
-    A run asks more than once for what is costly to make from a model's files (the identity hash: half a second on
-    XLM-R's 1.1 GB of weights; the 250k-term tokenizer: ~0.4 s to load). A file changed in the last two seconds
-    could change again within the clock's granularity unseen, so such an answer is not kept."""
-    stamps = _stamps(path, files)
-    key = (what, str(path.resolve()), stamps)
-    if key in _kept:
-        return _kept[key]
-    value = compute()
-    if _settled(stamps):
-        _kept[key] = value
-    return value
-
-
-def _stamps(path: Path, files: list[str]) -> tuple[tuple[str, int, int, int, int, int], ...]:
-    return tuple((name, *_stamp(path / name)) for name in files)
-
-
-def _settled(stamps: tuple[tuple[str, int, int, int, int, int], ...]) -> bool:
-    """No file changed in the last two seconds: one changed again within the clock's granularity would go unseen."""
-    return all(max(mtime, ctime) < time.time_ns() - 2_000_000_000 for _, _, mtime, ctime, _, _ in stamps)
-
-
-_kept: dict[tuple, object] = {}
-
-
-def _stamp(path: Path) -> tuple[int, int, int, int, int]:
-    """What changes when the file does: ctime too, which (unlike mtime: cp -p, rsync -t, touch) cannot be set back."""
-    st = path.stat()
-    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev
+        combined.update(f"{name}\0{digests[name]}\n".encode())
+    return combined.hexdigest(), digests
 
 
 def weight_files(path: Path) -> list[Path]:
@@ -211,9 +142,29 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
+# What `torch.save` writes first in its legacy (non-zip) format: its magic number, pickled with protocol 2
+_LEGACY_TORCH = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)
+
+
 def _load_pickle(file: Path, torch) -> dict:
+    """A state dict from a file `torch.save` wrote (its zip format, or its legacy one), by the restricted
+    unpickler; anything else (a plain `pickle.dump`, another program's file) is refused in one line before torch
+    reads it, which would print its own warnings and then a message that reads as damage."""
+    zipped = zipfile.is_zipfile(file)
+    if not zipped:
+        try:
+            with open(file, "rb") as f:
+                head = f.read(len(_LEGACY_TORCH))
+        except OSError as exc:
+            raise LsrIndexError(f"{file}: cannot read it: {exc.strerror or exc}") from None
+        if head != _LEGACY_TORCH:
+            what = "a plain Python pickle" if head[:1] == b"\x80" else "not a pickle"
+            raise LsrIndexError(f"{file}: refused: not PyTorch weights ({what}, not a file torch.save wrote); save the "
+                                "state dict with torch.save, or better as safetensors")
     try:
-        part = torch.load(file, map_location="cpu", weights_only=True, mmap=zipfile.is_zipfile(file))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's notes on pickle protocols: the outcome is said below
+            part = torch.load(file, map_location="cpu", weights_only=True, mmap=zipped)
     except pickle.UnpicklingError as exc:
         named = re.search(r"GLOBAL (\S+)", str(exc))
         if named is None:  # not a pickle at all, or a damaged one
@@ -298,6 +249,7 @@ def sentence_transformers_layout(path: Path) -> SentenceTransformersLayout | Non
                                 "lsr-index reads MLMTransformer (or a fill-mask Transformer) + SpladePooling")
     if mlm is None:
         raise LsrIndexError(f"{path}: no MLMTransformer in the sentence-transformers document modules")
+    _refuse_prompts(path / "config_sentence_transformers.json")
     query = None
     if "query" in routes:
         kinds = [kind.rsplit(".", 1)[-1] for kind, _ in routes["query"]]
@@ -307,6 +259,25 @@ def sentence_transformers_layout(path: Path) -> SentenceTransformersLayout | Non
             raise LsrIndexError(f"{path}: query route {kinds} is not supported (SparseStaticEmbedding, or the "
                                 "document route)")
     return SentenceTransformersLayout(mlm=mlm, pooling=pooling, activation=activation, query=query)
+
+
+def _refuse_prompts(config_file: Path) -> None:
+    """sentence-transformers puts a prompt before every text it encodes (encode_query: the "query" prompt,
+    encode_document: "document", "passage" or "corpus", else the default prompt); lsr-index does not, so a model
+    saved with one would give other vectors: refused, naming it."""
+    if not config_file.is_file():
+        return
+    config = _json(config_file)
+    prompts = config.get("prompts") or {}
+    if not isinstance(prompts, dict):
+        return
+    default = prompts.get(config.get("default_prompt_name") or "")
+    for what, names in (("queries", ("query",)), ("documents", ("document", "passage", "corpus"))):
+        prompt = next((prompts[name] for name in names if name in prompts), default)
+        if prompt:
+            raise LsrIndexError(f"{config_file}: sentence-transformers puts the prompt {prompt!r} before {what}; "
+                                "lsr-index does not, so its vectors would differ: set the prompts to \"\" there and "
+                                f"put the prompt in the {what} themselves")
 
 
 def _module_dir(root: Path, folder: str) -> Path:

@@ -1,10 +1,10 @@
 """The transformer body on packed documents: a batch's real tokens as one sequence, attention kept inside each
 document by variable-length flash attention (`torch.nn.attention.varlen`).
 
-Why: a padded batch computes every layer on its padding too (7 % of the tokens of a BERT-base run on 8,192-document
-pieces, benchmarks/NOTES_encode.md), and transformers checks a padded batch's attention mask on the host, which
-waits for the GPU once a forward. Packed, the body does only the real tokens' work, and the head already takes
-them packed (`sparton.splade_max_packed`).
+Why: a padded batch computes every layer on its padding too (a few percent of the tokens even with each 8,192-document
+piece sorted by length: docs/performance/encode.md, "GPU idle time end to end"), and transformers checks a padded
+batch's attention mask on the host, which waits for the GPU once a forward. Packed, the body does only the real tokens'
+work, and the head already takes them packed (`sparton.splade_max_packed`).
 
 Families are admitted by name, each checked against its padded body (tests/test_models_families.py): their layers
 mix tokens only in attention, which goes through transformers' attention interface, and they take position ids.

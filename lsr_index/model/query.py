@@ -12,26 +12,16 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.model.encoder import SpladeEncoder
-from lsr_index.model.files import model_sha256, sentence_transformers_layout
-from lsr_index.model.load import (
-    EMBEDDED,
-    SpladeModel,
-    load_model,
-    max_length,
-    resolve_model,
-    tokenizer_at,
-    tokenizer_terms,
-)
-
-if TYPE_CHECKING:
-    from lsr_index.encode.job import EncodeJob
+from lsr_index.model.load import SpladeModel, load_model
+from lsr_index.model.ref import ModelRef, read_tokenizer
+from lsr_index.model.tokens import tokenizer_terms
+from lsr_index.vectors.manifest import QueryModelRecord
 
 QUERY_TABLES = ("query_token_weights.txt", "idf.json")  # opensearch's two spellings of the same table
 
@@ -43,7 +33,7 @@ class TokenWeights:
 
     name: str
     path: Path
-    sha256: str  # model_sha256 of the directory, as for a SpladeModel
+    sha256: str  # the model's identity (ModelRef.sha256), as for a SpladeModel
     tokenizer: object
     weights: np.ndarray  # float32 [V]
     vocab: list[str]
@@ -86,74 +76,72 @@ class QueryRoute:
     tokenizer: Path  # the directory whose tokenizer splits queries
 
 
-def query_route(path: Path) -> QueryRoute:
+def query_route(model: ModelRef) -> QueryRoute:
     """A sentence-transformers SparseStaticEmbedding query route, else a table file in the directory, else the
     model itself."""
-    layout = sentence_transformers_layout(path)
+    path, layout = model.path, model.layout
     if layout is not None and layout.query is not None:
         module = layout.query
         return QueryRoute("token_weights", module, module if (module / "tokenizer.json").is_file() else path)
     table = next((path / name for name in QUERY_TABLES if (path / name).is_file()), None)
     if table is not None:
         return QueryRoute("token_weights", table, path)
-    return QueryRoute("splade", None, layout.mlm if layout else path)
+    return QueryRoute("splade", None, model.mlm_dir)
 
 
-def load_query_model(name_or_path: str, device: str = "cpu", dtype: torch.dtype | None = None
+def load_query_model(model: str | ModelRef, device: str = "cpu", dtype: torch.dtype | None = None
                      ) -> SpladeModel | TokenWeights:
-    """What encodes queries for the model at name_or_path: its token-weight table when it ships one (a
-    sentence-transformers SparseStaticEmbedding query route, query_token_weights.txt or idf.json), else the
-    model itself."""
-    path = resolve_model(name_or_path)
-    route = query_route(path)
+    """What encodes queries for `model`: its token-weight table when it ships one (a sentence-transformers
+    SparseStaticEmbedding query route, query_token_weights.txt or idf.json), else the model itself."""
+    model = ModelRef.resolve(model).here()
+    route = query_route(model)
     if route.kind == "splade":
-        return load_model(name_or_path, device=device, dtype=dtype)
+        return load_model(model, device=device, dtype=dtype)
     if route.table.is_dir():
-        return _static_embedding(path, route)
-    tokenizer = tokenizer_at(route.tokenizer)
+        return _static_embedding(model, route)
+    tokenizer = _route_tokenizer(model, route)
     vocab, _ = tokenizer_terms(tokenizer)
     weights = np.zeros(len(vocab), np.float32)
     ids = tokenizer.get_vocab()
     for term, weight in _read_table(route.table).items():
         if term in ids:  # a term the tokenizer cannot produce can never weigh in a query
             weights[ids[term]] = weight
-    return TokenWeights(name=str(path), path=path, sha256=model_sha256(path), tokenizer=tokenizer, weights=weights,
-                        vocab=vocab)
+    return TokenWeights(name=str(model.path), path=model.path, sha256=model.sha256, tokenizer=tokenizer,
+                        weights=weights, vocab=vocab)
+
+
+def _route_tokenizer(model: ModelRef, route: QueryRoute):
+    """The tokenizer that splits the route's queries: the documents' own when it is the same directory."""
+    return model.tokenizer() if route.tokenizer == model.mlm_dir else read_tokenizer(route.tokenizer)
 
 
 def vocab_sha256(vocab: list[str]) -> str:
     return hashlib.sha256(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()
 
 
-def query_model_record(job: EncodeJob) -> dict:
-    """The manifest's query_model: what `search` loads to encode the job's queries (the document model's own route
-    unless job.query_model is given), its checksum, kind and vocabulary's checksum. A query model whose vocabulary
+def query_model_record(query: ModelRef, documents: ModelRef, query_max_length: int) -> QueryModelRecord:
+    """The manifest's query_model: what `search` loads to encode queries (`query`: the document model itself unless a
+    separate query model is given), its checksum, kind and vocabulary's checksum. A query model whose vocabulary
     differs from the document model's is refused: its term ids would name other terms than the index holds."""
-    name = job.query_model or job.model
-    path = resolve_model(name)
-    limit = max_length(path)
-    if limit and job.options.query_max_length > limit:
-        raise LsrIndexError(f"query model {name} takes at most {limit} tokens; lower --query-max-length "
-                            f"({job.options.query_max_length})")
-    route = query_route(path)
-    vocab = tokenizer_terms(tokenizer_at(route.tokenizer))[0]
-    documents = resolve_model(job.model)
-    layout = sentence_transformers_layout(documents)
-    doc_tokenizer = layout.mlm if layout else documents  # the one the documents went through
-    doc_vocab = vocab if doc_tokenizer == route.tokenizer else tokenizer_terms(tokenizer_at(doc_tokenizer))[0]
+    limit = query.max_length()
+    if limit and query_max_length > limit:
+        raise LsrIndexError(f"query model {query.name} takes at most {limit} tokens; lower --query-max-length "
+                            f"({query_max_length})")
+    route = query_route(query)
+    vocab = query.terms()[0] if route.tokenizer == query.mlm_dir else tokenizer_terms(_route_tokenizer(query, route))[0]
+    doc_vocab = documents.terms()[0]  # the vocabulary the documents went through
     if vocab != doc_vocab:
-        raise LsrIndexError(f"query model {name}: its vocabulary ({len(vocab):,} terms) differs from the document "
-                            f"model's ({len(doc_vocab):,} terms, {job.model}): its queries' terms would not be "
-                            "the index's; a query model must share the document model's tokenizer")
-    return {"name": name if name in EMBEDDED else str(path.resolve()), "sha256": model_sha256(path),
-            "kind": route.kind, "vocab_sha256": vocab_sha256(vocab)}
+        raise LsrIndexError(f"query model {query.name}: its vocabulary ({len(vocab):,} terms) differs from the "
+                            f"document model's ({len(doc_vocab):,} terms, {documents.name}): its queries' terms would "
+                            "not be the index's; a query model must share the document model's tokenizer")
+    return QueryModelRecord(query.recorded_name, query.sha256, route.kind, vocab_sha256(vocab))
 
 
 def encoder_for(model: SpladeModel | TokenWeights, backend: str = "auto") -> SpladeEncoder | TokenWeightEncoder:
     return TokenWeightEncoder(model) if isinstance(model, TokenWeights) else SpladeEncoder(model, backend=backend)
 
 
-def _static_embedding(root: Path, route: QueryRoute) -> TokenWeights:
+def _static_embedding(model: ModelRef, route: QueryRoute) -> TokenWeights:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
@@ -163,7 +151,7 @@ def _static_embedding(root: Path, route: QueryRoute) -> TokenWeights:
     except (OSError, SafetensorError, KeyError) as exc:
         raise LsrIndexError(f"{file}: no readable 'weight' tensor for the SparseStaticEmbedding query route "
                             f"({exc})") from exc
-    tokenizer = tokenizer_at(route.tokenizer)
+    tokenizer = _route_tokenizer(model, route)
     vocab, _ = tokenizer_terms(tokenizer)
     if weight.dim() != 1 or weight.numel() > len(vocab):
         raise LsrIndexError(f"{file}: query weights of shape {tuple(weight.shape)} do not fit the tokenizer's "
@@ -173,8 +161,8 @@ def _static_embedding(root: Path, route: QueryRoute) -> TokenWeights:
     if bad := np.flatnonzero(~(weights >= 0) | ~np.isfinite(weights)).tolist():
         raise LsrIndexError(f"{file}: the query weight of {vocab[bad[0]]!r} is {weights[bad[0]]}: a query term "
                             "weighs a finite number, 0 or more")
-    return TokenWeights(name=str(root), path=root, sha256=model_sha256(root), tokenizer=tokenizer, weights=weights,
-                        vocab=vocab)
+    return TokenWeights(name=str(model.path), path=model.path, sha256=model.sha256, tokenizer=tokenizer,
+                        weights=weights, vocab=vocab)
 
 
 def _read_table(file: Path) -> dict[str, float]:

@@ -35,8 +35,8 @@ class TextTokenizer:
 
     # The Rust tokenizer is transformers', shared by every user of the model's tokenizer object in this process:
     # a call sets its truncation and padding and restores them after, as transformers' own calls do, under this lock.
-    # (A private copy, made through the tokenizer's JSON, held the GIL 0.3 s for a 250k vocabulary, while the model
-    # loaded in another thread.)
+    # (A private copy, made through the tokenizer's JSON, holds the GIL for a noticeable fraction of a second at a
+    # 250k vocabulary, while the model loads in another thread: docs/performance/encode.md, "Changes kept".)
     _lock = threading.Lock()
 
     def __init__(self, tokenizer: object):
@@ -45,7 +45,7 @@ class TextTokenizer:
 
     def tokenize(self, texts: Sequence[str], max_length: int) -> Tokens:
         """Through the Rust tokenizer directly: it runs on every core without the GIL and skips the
-        per-text Python objects of the transformers wrapper (~1.7× faster on 2 cores, more on many)."""
+        per-text Python objects of the transformers wrapper (a gain that grows with the cores)."""
         backend = self.backend
         encode = getattr(backend, "encode_batch_fast", backend.encode_batch)  # _fast: no offsets (tokenizers ≥ 0.20)
         with self._lock:
@@ -57,8 +57,8 @@ class TextTokenizer:
                 special = backend.num_special_tokens_to_add(False)
             finally:
                 _restore(backend, truncation, padding)
-        # Python work under the GIL that the model's driver thread waits for: ~17 µs a 240-token text to build the
-        # id lists, so it is kept to one pass over C iterators (a generator over every id cost as much again)
+        # Python work under the GIL that the model's driver thread waits for: building the id lists costs microseconds
+        # a text, so it is kept to one pass over C iterators (a generator over every id costs as much again)
         lists = [e.ids for e in encodings]
         lengths = np.fromiter(map(len, lists), np.int64, len(lists))
         offsets = np.zeros(len(lists) + 1, np.int64)
@@ -86,3 +86,14 @@ def _restore(backend: object, truncation: dict | None, padding: dict | None) -> 
         backend.no_padding()
     else:
         backend.enable_padding(**{k: v for k, v in padding.items() if k != "pad_to_multiple_of" or v is not None})
+
+
+def tokenizer_terms(tokenizer) -> tuple[list[str], list[int]]:
+    """Term of each token id up to the largest, and the ids no term maps to (given a placeholder term, as the
+    index's vocabulary has no empty term)."""
+    ids = tokenizer.get_vocab()
+    vocab: list[str | None] = [None] * (max(ids.values()) + 1)
+    for term, idx in ids.items():
+        vocab[idx] = term
+    holes = [i for i, term in enumerate(vocab) if term is None]
+    return [term if term is not None else f"[lsr-index:no-token-{i}]" for i, term in enumerate(vocab)], holes

@@ -1,5 +1,6 @@
-"""The processes lsr-index starts (local encoding workers, serializers, the input process): each is a PythonChild,
-which never re-runs the parent's main module, and none outlives its parent."""
+"""The processes lsr-index starts: Python children (local encoding workers, serializers, the input process, Lucene
+writers), each a PythonChild, which never re-runs the parent's main module; and external programs (Java), started
+through a launcher. None outlives its parent."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import importlib
 import io
 import os
 import pickle
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import BinaryIO, NoReturn
@@ -29,9 +32,9 @@ def end_with_stdin() -> None:
 
 # A child's start: the parent's import path (as multiprocessing's spawn passes it), then its entry. Not
 # multiprocessing itself: its spawn re-runs the parent's main module in every child first. A script that imports
-# torch and transformers at its top delayed the input process's first piece by ~3 s, and eight serializers
-# importing it took the host's cores from the encoder for seconds (BERT-base end to end 16.8k → 21.0k docs/s on an
-# H100 without it: benchmarks/NOTES_encode.md); a script without a main guard would run itself again in each.
+# torch and transformers at its top delays the input process's first piece by seconds, and eight serializers
+# importing it take the host's cores from the encoder meanwhile (docs/performance/encode.md, "Changes kept"); a
+# script without a main guard would run itself again in each.
 # -P: no current directory on the path, where a user's struct.py would shadow the standard library's.
 _BOOT = """
 import os, pickle, sys
@@ -58,20 +61,29 @@ class PythonChild:
     parent's to handle, and the parent ends it), and its entry must end it when its stdin ends: when the parent
     closes it, or is gone.
 
-    `fork=True` starts it as a fork of this process instead of a new interpreter: it has this process's modules
-    imported already (torch and transformers: ~7 s in a fresh GPU worker on an H100 host, against ~1 s for the
-    rest of its start). Only where that is safe (encode.local._forks_workers): no other thread in this process, and no
-    CUDA in it."""
+    `fork=True` starts it as a fork of this process instead of a new interpreter: it has this process's modules imported
+    already (torch and transformers: most of a fresh GPU worker's start, docs/performance/encode.md, "Several GPUs of
+    one host"). Only where that is safe (encode.local._forks_workers): no other thread in this process, and no CUDA in
+    it."""
 
-    def __init__(self, entry: str, what: str, fork: bool = False):
+    def __init__(self, entry: str, what: str, fork: bool = False, capture: bool = False):
+        """`capture`: what the child prints (a JVM's warnings, its last words before a crash) is kept, its last
+        64 KiB as `said()`, instead of reaching this process's terminal; a new interpreter only."""
+        if fork and capture:
+            raise ValueError("a forked child shares this process's output: capture needs a new interpreter")
         self.what = what
+        self._said = bytearray()
         read_end, write_end = os.pipe()
         try:
             if fork:
                 self.process: subprocess.Popen | _Forked = _Forked(entry, what, write_end)
             else:
+                output = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT} if capture else {}
                 self.process = subprocess.Popen([sys.executable, "-P", "-c", _BOOT, str(write_end), entry, what],
-                                                stdin=subprocess.PIPE, pass_fds=(write_end,), process_group=0)
+                                                stdin=subprocess.PIPE, pass_fds=(write_end,), process_group=0,
+                                                **output)
+                if capture:
+                    threading.Thread(target=self._drain, name="child-output", daemon=True).start()
         except BaseException as exc:
             os.close(read_end)
             if isinstance(exc, (OSError, TypeError, ValueError)):  # TypeError: no sys.executable (embedded Python)
@@ -96,6 +108,14 @@ class PythonChild:
         except OSError:
             pass  # it died already: its first message or its exit code says how
 
+    def _drain(self) -> None:
+        while chunk := os.read(self.process.stdout.fileno(), 65536):
+            self._said = (self._said + chunk)[-65536:]
+
+    def said(self) -> str:
+        """The end of what a capturing child printed (its last lines), as text."""
+        return self._said.decode(errors="replace")
+
     def exit_code(self, timeout: float) -> int | None:
         try:
             return self.process.wait(timeout=timeout)
@@ -110,8 +130,8 @@ class PythonChild:
         if self.exit_code(10) is None:
             self.process.kill()
             self.process.wait()
-        for pipe in (self.stdin, self.messages):
-            with contextlib.suppress(OSError):
+        for pipe in (self.stdin, self.messages, getattr(self.process, "stdout", None)):
+            with contextlib.suppress(OSError, AttributeError):
                 pipe.close()
 
 
@@ -119,6 +139,41 @@ def send_message(out: BinaryIO, *message: object) -> None:
     """A child's message to its parent (PythonChild.messages)."""
     pickle.dump(message, out, protocol=pickle.HIGHEST_PROTOCOL)
     out.flush()
+
+
+def relay(child: PythonChild, inbox: queue.SimpleQueue, last: tuple[str, ...] = ("done", "error")) -> None:
+    """One child's messages into `inbox` (run it in a thread), up to the first of a kind in `last`; ("gone", child)
+    if the child ends without one (its stream ends, or is cut off by its death)."""
+    while True:
+        try:
+            message = pickle.load(child.messages)
+        except Exception:
+            inbox.put(("gone", child))
+            return
+        inbox.put(message)
+        if message[0] in last:
+            return
+
+
+# An external program (Java) must die with this process too. A SIGKILLed parent runs no cleanup, and an orphaned
+# program would go on writing into the parent's work directory; so it starts through this launcher, which asks Linux to
+# SIGKILL it when its parent dies (PR_SET_PDEATHSIG survives exec), checks that the parent has not died already, and
+# execs the program. No preexec_fn: that is unsafe once threads (a JVM's, tqdm's) exist in this process.
+_DIE_WITH_PARENT = """\
+import ctypes, os, signal, sys
+try:
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
+except (OSError, AttributeError):  # not Linux
+    pass
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+
+
+def dying_with_this_process(command: list[str]) -> list[str]:
+    """`command` (an external program, its path first) as a command line whose process dies with this one."""
+    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command]
 
 
 class _Forked:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
 import stat
 import tempfile
@@ -141,3 +142,10 @@ def exclusive_lock(directory: Path, name: str = ".lock", shared: bool = False, l
             raise LsrIndexError(f"{label or directory} is {busy} by another lsr-index process (it holds {lock}); "
                                 "wait for it to finish or stop it, then rerun") from None
         yield
+
+def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

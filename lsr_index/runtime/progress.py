@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import functools
 import sys
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from lsr_index.inputs.corpus import CorpusReader
+from collections.abc import Callable
+from typing import Any
 
 
 def shown(enabled: bool) -> bool:
@@ -43,8 +41,9 @@ class EncodeBar:
     """Documents encoded against the input's size: exact for Parquet and Arrow, estimated (≈) for JSONL from the
     bytes on disk. An estimate that falls short grows with the count rather than showing over 100 %."""
 
-    def __init__(self, reader: CorpusReader, resumed_at: int, enabled: bool):
-        total, exact = reader.estimate_docs() if shown(enabled) else (None, False)
+    def __init__(self, estimate: Callable[[], tuple[int, bool]], resumed_at: int, enabled: bool):
+        """`estimate`: the input's documents and whether the count is exact (asked only when the bar shows)."""
+        total, exact = estimate() if shown(enabled) else (None, False)
         desc = "encode" if exact or total is None else f"encode (≈{total:,} docs)"
         self.bar = bar(enabled, desc=desc, total=total or None, initial=resumed_at, unit=" doc", smoothing=0.1)
 

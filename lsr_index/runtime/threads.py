@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -60,3 +62,29 @@ class Prefetch(Iterator[T]):
     def close(self) -> None:
         """Stop the thread (within 0.1 s, or after the item it is reading); the stream is not read after this."""
         self._stop.set()
+
+
+def host_cores() -> int:
+    """The cores this process may really use: its CPU affinity (taskset, a scheduler's cpuset), capped by a cgroup CPU
+    quota (a container's --cpus), which os.cpu_count() ignores. Compute threads beyond it wait on each other."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    quota = _cgroup_quota()
+    return max(1, min(cores, int(quota))) if quota else cores
+
+
+def _cgroup_quota() -> float | None:
+    """CPUs the cgroup may use per period (cgroup v2 cpu.max, v1 cfs_quota/cfs_period), or None without a quota."""
+    try:
+        limit, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+    except (OSError, ValueError):
+        return None
+    return quota / period if quota > 0 and period > 0 else None

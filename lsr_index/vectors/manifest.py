@@ -9,7 +9,7 @@ checkpointed chunk. Everything read back is validated here: an edited or hostile
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from pathlib import Path, PurePosixPath
 
 from lsr_index.errors import LsrIndexError
@@ -55,22 +55,116 @@ class Chunk(Part):
     shard: int = 0
 
 
+@dataclass(frozen=True)
+class ModelRecord:
+    """The model that encoded the documents: its name (an embedded model's, or its directory) and identity."""
+
+    name: str
+    sha256: str
+
+
+@dataclass(frozen=True)
+class QueryModelRecord:
+    """What encodes queries: a SPLADE model ("splade") or a token-weight table ("token_weights"), its identity, and
+    the identity of its vocabulary (which must be the documents')."""
+
+    name: str
+    sha256: str
+    kind: str
+    vocab_sha256: str
+
+
+@dataclass(frozen=True)
+class EncoderSettings:
+    doc_max_length: int
+    query_max_length: int
+    dtype: str
+    backend: str
+
+
+@dataclass(frozen=True)
+class InputFields:
+    id: str | None = None
+    text: list[str] | None = None
+
+
+@dataclass(frozen=True)
+class InputRecord:
+    """What was read: the files in order, the character bound per document, the fields, the bad-record rule."""
+
+    files: list[str] = field(default_factory=list)
+    max_chars: int | None = None
+    fields: InputFields = field(default_factory=InputFields)
+    on_error: str = "fail"
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """Documents cut to doc_max_length tokens: count, share, the longest before the cut, and those cut at the
+    reader's character bound first."""
+
+    documents: int
+    share: float
+    longest_tokens: int
+    cut_at_characters: int
+
+
+@dataclass
+class WorkerStats:
+    """One worker of a run: its device, documents, start-up and rate after it, and how it was given the host."""
+
+    device: str
+    docs: int
+    startup_seconds: float
+    model_loaded_after_seconds: float
+    docs_per_second_after_startup: float
+    cores: int
+    serializers: int
+    started: str
+
+
+@dataclass
+class NodeStats:
+    node: str
+    encoders: int
+    docs: int
+    docs_per_second: float
+
+
+@dataclass
+class EncodeStats:
+    """The last run's timings and rates (not part of what a resume must match)."""
+
+    seconds: float = 0.0
+    docs_this_run: int = 0
+    resumed_at: int = 0
+    stale_parts_reencoded: int = 0
+    workers: int = 0
+    docs_per_second: float = 0.0
+    tokens_per_second: float = 0.0
+    nonzeros_per_doc: float = 0.0
+    peak_host_memory_mb: float = 0.0
+    units: int = 0  # the input's units (lsr_index.inputs.units), which the workers share
+    per_worker: list[WorkerStats] = field(default_factory=list)
+    per_node: list[NodeStats] | None = None  # a cluster's run
+
+
 @dataclass
 class Manifest:
-    model: dict  # name, sha256
-    encoder: dict  # doc_max_length, query_max_length, dtype, backend
-    quantization: dict  # Quantization's fields
-    input: dict  # files, fields, on_error, max_chars
+    model: ModelRecord
+    encoder: EncoderSettings
+    quantization: Quantization
+    input: InputRecord
     output_format: str
     shard_docs: int = 1  # documents per shard: shard k holds [k·shard_docs, (k+1)·shard_docs)
     shards: list[Shard] = field(default_factory=list)
     chunks: list[Chunk] = field(default_factory=list)
     complete: bool = False
     skipped: int = 0
-    stats: dict = field(default_factory=dict)
-    # what encodes queries: {name, sha256, kind: "splade" | "token_weights", vocab_sha256}; absent (None) in
-    # manifests written without one: the document model's directory, encoding queries by its own route
-    query_model: dict | None = None
+    stats: EncodeStats | None = None
+    # what encodes queries; absent (None) in manifests written without one: the document model's directory,
+    # encoding queries by its own route
+    query_model: QueryModelRecord | None = None
     kind: str = KIND
     version: int = FORMAT_VERSION
 
@@ -83,31 +177,32 @@ class Manifest:
         return sum(s.nonzeros for s in self.shards)
 
     @property
-    def query(self) -> dict:
+    def query(self) -> QueryModelRecord | ModelRecord:
         """The query model's record: name and sha256 always, kind and vocab_sha256 when recorded."""
-        return self.query_model or {"name": self.model["name"], "sha256": self.model["sha256"]}
+        return self.query_model or self.model
 
     @property
-    def truncation(self) -> dict:
-        """Documents cut to doc_max_length tokens: count, share, and the longest before the cut."""
+    def truncation(self) -> Truncation:
         truncated = sum(s.truncated for s in self.shards)
-        return {"documents": truncated, "share": round(truncated / max(self.docs, 1), 6),
-                "longest_tokens": max((s.longest for s in self.shards), default=0),
-                "cut_at_characters": sum(s.capped for s in self.shards)}
+        return Truncation(documents=truncated, share=round(truncated / max(self.docs, 1), 6),
+                          longest_tokens=max((s.longest for s in self.shards), default=0),
+                          cut_at_characters=sum(s.capped for s in self.shards))
 
     def fingerprint(self) -> dict:
         """What must match for a rerun to continue this output rather than start over (the documents
         themselves are checked shard by shard, through each part's input digest)."""
         # not on_error: parts recorded before the first bad record are the same either way, and a run stopped at
         # one says "rerun with --on-error skip"; the documents themselves are checked part by part
-        return {"model": self.model, "encoder": {k: v for k, v in self.encoder.items() if k != "backend"},
-                "quantization": self.quantization,
-                "input": {k: v for k, v in self.input.items() if k not in ("files", "on_error")},
-                "output_format": self.output_format, "shard_docs": self.shard_docs, "query_model": self.query_model}
+        body = _plain(self)
+        return {"model": body["model"], "encoder": {k: v for k, v in body["encoder"].items() if k != "backend"},
+                "quantization": body["quantization"],
+                "input": {k: v for k, v in body["input"].items() if k not in ("files", "on_error")},
+                "output_format": self.output_format, "shard_docs": self.shard_docs,
+                "query_model": body["query_model"]}
 
     def to_json(self) -> bytes:
-        body = asdict(self)
-        body["docs"], body["nonzeros"], body["truncation"] = self.docs, self.nonzeros, self.truncation
+        body = _plain(self)
+        body["docs"], body["nonzeros"], body["truncation"] = self.docs, self.nonzeros, asdict(self.truncation)
         return json.dumps(body, indent=1, ensure_ascii=False).encode() + b"\n"
 
     def save(self, directory: Path) -> None:
@@ -143,7 +238,7 @@ class Manifest:
             shards = [_part(Shard, s, f"shard {n}") for n, s in enumerate(_list(body.pop("shards", None), "shards"))]
             chunks = [_part(Chunk, c, f"chunk {n}") for n, c in enumerate(_list(body.pop("chunks", []), "chunks"))]
             _check_sections(body)
-            manifest = cls(shards=shards, chunks=chunks, **body)
+            manifest = cls(shards=shards, chunks=chunks, **_sections(body))
         except _Malformed as exc:
             raise LsrIndexError(f"{origin}: malformed manifest: {exc}"[:400]) from None
         except TypeError as exc:
@@ -237,3 +332,60 @@ def _check_sections(body: dict) -> None:
     for key, kind in (("complete", bool), ("skipped", int)):
         if key in body and (not isinstance(body[key], kind) or (kind is int and isinstance(body[key], bool))):
             raise _Malformed(f"{key!r} must be a {kind.__name__}")
+
+
+def _plain(value: object) -> object:
+    """A manifest (or a section) as JSON-ready values, in field order; a cluster's per-node stats only when there."""
+    if isinstance(value, Quantization):
+        return value.to_dict()
+    if is_dataclass(value):
+        body = {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+        if isinstance(value, EncodeStats) and value.per_node is None:
+            del body["per_node"]
+        if isinstance(value, Manifest) and value.stats is None:  # no run has finished yet
+            body["stats"] = {}
+        return body
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _sections(body: dict) -> dict:
+    """The checked manifest's sections as their types."""
+    body = dict(body)
+    body["model"] = ModelRecord(**{k: body["model"][k] for k in ("name", "sha256")})
+    body["encoder"] = EncoderSettings(**{k: body["encoder"][k] for k in
+                                         ("doc_max_length", "query_max_length", "dtype", "backend")})
+    body["quantization"] = Quantization.from_dict(body["quantization"], "quantization")
+    raw = body.get("input", {})
+    body["input"] = InputRecord(files=list(raw.get("files", [])), max_chars=raw.get("max_chars"),
+                                fields=InputFields(**raw.get("fields") or {}), on_error=raw.get("on_error", "fail"))
+    if body.get("query_model") is not None:
+        body["query_model"] = QueryModelRecord(**body["query_model"])
+    body["stats"] = _stats(body.get("stats"))
+    return body
+
+
+def _stats(raw: object) -> EncodeStats | None:
+    """A run's figures as recorded (by this or another version): read for the summary, never relied on, so what
+    does not fit is left out rather than refused."""
+    if not isinstance(raw, dict) or not raw:
+        return None
+
+    def known(kind: type, values: object) -> dict:
+        names = {f.name for f in fields(kind)}
+        return {k: v for k, v in values.items() if k in names} if isinstance(values, dict) else {}
+
+    def each(kind: type, values: object) -> list:
+        rows = []
+        for value in values if isinstance(values, list) else []:
+            try:
+                rows.append(kind(**known(kind, value)))
+            except TypeError:  # a field missing: a row another version wrote
+                continue
+        return rows
+
+    body = known(EncodeStats, raw)
+    body["per_worker"] = each(WorkerStats, raw.get("per_worker"))
+    body["per_node"] = each(NodeStats, raw["per_node"]) if raw.get("per_node") is not None else None
+    return EncodeStats(**body)

@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from typing import BinaryIO
 
 import numpy as np
+import orjson
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.children import PythonChild, send_message
@@ -31,7 +32,7 @@ class SerializerPool:
     encoded). `submit` never blocks: each process has a sender thread, and the least loaded one gets the request."""
 
     def __init__(self, workers: int, vocab: Sequence[str]):
-        blob = "\n".join(vocab).encode()  # no term holds whitespace (shards.check_vocab); bytes pickle as one copy
+        blob = orjson.dumps(list(vocab))  # a term may hold any character, "\n" too; bytes pickle as one copy
         self._lock = threading.Lock()
         self._children: list[PythonChild] = []
         self._waiting: list[collections.deque[Future]] = []  # per process, its requests not answered yet
@@ -132,7 +133,7 @@ def serializer_main(out: BinaryIO) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # not its to handle, even if it reaches this process group
     stdin = sys.stdin.buffer
     try:
-        vocab = np.array(pickle.load(stdin).decode().split("\n"), dtype=object)
+        vocab = np.array(orjson.loads(pickle.load(stdin)), dtype=object)
         while True:
             ids, vectors, fmt = pickle.load(stdin)
             try:

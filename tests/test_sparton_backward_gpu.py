@@ -1,0 +1,252 @@
+"""GPU tests for sparton's training kernels at real shapes (pytest -m gpu tests/test_sparton_backward_gpu.py).
+
+Two checks, kept apart so that each has a sharp bar. The forward's argmax against the float64 reference's: they may
+differ only at near ties (the kernel sums in float32 in another order), where the kernel's row must hold a logit
+within rounding of the maximum. The backward against float64 products from the kernel's own argmax
+(reference._argmax_backward), which leaves only the rounding of S to the 16-bit operand dtype (bf16: 2^-9 an element)
+and fp32 accumulation order.
+"""
+
+import pytest
+import torch
+
+import sparton
+from sparton import reference, training
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+HIDDEN = 768
+TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _weights(seed: int, vocab: int, dtype: torch.dtype):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = (torch.randn(vocab, HIDDEN, device="cuda", generator=g) / HIDDEN**0.5).to(dtype)
+    b = (torch.randn(vocab, device="cuda", generator=g) - 1.0).to(dtype)
+    return w, b, g
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def _padded(seed: int, vocab: int, dtype: torch.dtype, batch: int = 16, seq: int = 256):
+    w, b, g = _weights(seed, vocab, dtype)
+    h = torch.randn(batch, seq, HIDDEN, device="cuda", generator=g).to(dtype)
+    lengths = torch.randint(1, seq + 1, (batch,), device="cuda", generator=g)
+    mask = torch.arange(seq, device="cuda")[None, :] < lengths[:, None]
+    mask[0] &= torch.rand(seq, device="cuda", generator=g) < 0.5  # holes: not a prefix
+    mask[1] = False  # all padding
+    return h, w, b, mask, g
+
+
+def _empty(n_docs: int) -> list[int]:
+    """The zero-length documents of _packed's batches: one early, one in the middle, the last."""
+    return [2, n_docs // 2, n_docs - 1]
+
+
+def _packed(seed: int, vocab: int, dtype: torch.dtype, n_docs: int = 40, longest: int = 256):
+    w, b, g = _weights(seed, vocab, dtype)
+    cpu = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, longest + 1, (n_docs,), generator=cpu)
+    lengths[::5] = torch.randint(1, min(40, longest + 1), lengths[::5].shape, generator=cpu)  # several in a tile
+    lengths[_empty(n_docs)] = 0
+    cu = torch.zeros(n_docs + 1, dtype=torch.int32)
+    cu[1:] = lengths.cumsum(0)
+    tokens = torch.randn(int(cu[-1]), HIDDEN, device="cuda", generator=g).to(dtype)
+    return tokens, w, b, cu.cuda(), g
+
+
+def _check_argmax(tokens: torch.Tensor, doc: torch.Tensor, n_docs: int, w, b, arg: torch.Tensor, seed: int):
+    """The kernel's argmax is the float64 reference's except at near ties, where its row is within rounding of the
+    maximum."""
+    _, want = reference._segment_max_argmax(tokens.double(), doc.long(), n_docs, w.double(), b.double(),
+                                            "log1p_relu")
+    differ = (arg.long() != want).nonzero()
+    assert differ.shape[0] <= 1e-4 * arg.numel() + 2, f"{differ.shape[0]} argmax disagreements (seed {seed})"
+    for d, v in differ.tolist():
+        got, ref = int(arg[d, v]), int(want[d, v])
+        assert got >= 0 and ref >= 0, f"a document with kept tokens got no argmax (seed {seed})"
+        row = w[v].double()
+        a, r = tokens[got].double() @ row, tokens[ref].double() @ row
+        assert abs(a - r) <= 1e-5 * (1 + abs(r)), f"({d}, {v}): row {got} logit {a} vs {ref} {r} (seed {seed})"
+
+
+def _check_backward(grad, out, arg, tokens, w, doc, padded_len, dtype, seed, what):
+    dh, dw, db = training._backward(grad, out, arg, tokens, w, doc, padded_len, "log1p_relu")
+    want = reference._argmax_backward(grad.double(), out, arg.long(), tokens.double(), w.double(), "log1p_relu",
+                                      (True, True, True))
+    for name, got, ref in (("hidden", dh, want[0]), ("weight", dw, want[1]), ("bias", db, want[2])):
+        assert torch.isfinite(got).all(), f"{what}: non-finite {name} gradient (seed {seed})"
+        err = _rel(got, ref)
+        print(f"{what} {name}: rel err {err:.2e}")
+        assert err <= TOL[dtype], f"{what}: {name} gradient rel err {err:.2e} (seed {seed})"
+
+
+@pytest.mark.parametrize("vocab", [30_522, 250_002])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_padded_forward_and_backward(vocab, dtype, seed):
+    """Padded 256-token documents: the backward's one-document tiles."""
+    h, w, b, mask, g = _padded(seed, vocab, dtype, batch=16 if dtype != torch.float32 else 8)
+    batch, seq, _ = h.shape
+    out, arg = training.splade_max_argmax_triton(h, w, b, mask)
+    with torch.inference_mode():
+        inference = sparton.splade_max(h, w, b, mask)
+    assert torch.allclose(out, inference, rtol=1e-5, atol=1e-6), f"training and inference forward differ (seed {seed})"
+    assert (arg[1] == -1).all() and (out[1] == 0).all(), f"all-padding row (seed {seed})"
+    tokens = h.reshape(batch * seq, HIDDEN)
+    doc = torch.arange(batch, device="cuda", dtype=torch.int32).repeat_interleave(seq)
+    keep = mask.reshape(-1)
+    kept_arg = torch.where(arg >= 0, torch.cumsum(keep, 0)[arg.long().clamp_min(0)] - 1, -1)  # rows among kept ones
+    _check_argmax(tokens[keep], doc[keep], batch, w, b, kept_arg, seed)
+    grad = torch.randn(batch, vocab, device="cuda", generator=g)
+    _check_backward(grad, out, arg, tokens, w, doc, seq, dtype, seed, f"padded V={vocab} {dtype}")
+
+
+@pytest.mark.parametrize("vocab", [30_522, 250_002])
+@pytest.mark.parametrize(("dtype", "longest"), [(torch.bfloat16, 256), (torch.float16, 256), (torch.bfloat16, 12)])
+def test_packed_forward_and_backward(vocab, dtype, longest, seed):
+    """Packed documents of 0..256 tokens (several documents in a tile, tiles over two documents), and of 0..12
+    tokens (queries: a tile holds ten or more, dH takes them in several groups, dW sweeps the tokens several times)."""
+    tokens, w, b, cu, g = _packed(seed, vocab, dtype, n_docs=40 if longest > 64 else 200, longest=longest)
+    n_docs = cu.numel() - 1
+    out, arg = training.splade_max_packed_argmax_triton(tokens, w, b, cu)
+    with torch.inference_mode():
+        inference = sparton.splade_max_packed(tokens, w, b, cu)
+    assert torch.allclose(out, inference, rtol=1e-5, atol=1e-6), f"seed {seed}"
+    empty = _empty(n_docs)
+    assert (out[empty] == 0).all() and (arg[empty] == -1).all(), f"seed {seed}"
+    doc, _ = training._packed_rows(tokens, cu)
+    _check_argmax(tokens, doc, n_docs, w, b, arg, seed)
+    grad = torch.randn(n_docs, vocab, device="cuda", generator=g)
+    _check_backward(grad, out, arg, tokens, w, doc, None, dtype, seed, f"packed V={vocab} {dtype}")
+
+
+@pytest.mark.parametrize("vocab", [30_522, 250_002])
+def test_query_batches_split_the_vocabulary(vocab, seed):
+    """8 queries of 32 tokens: dH has 12 tiles (of 64 rows), so its vocabulary is split in ranges (fp32 partials,
+    fixed-order sum); against the float64 products, into a poisoned buffer."""
+    h, w, b, mask, g = _padded(seed, vocab, torch.bfloat16, batch=8, seq=32)
+    out, arg = training.splade_max_argmax_triton(h, w, b, mask)
+    tokens = h.reshape(-1, HIDDEN)
+    doc = torch.arange(8, device="cuda", dtype=torch.int32).repeat_interleave(32)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    config, _ = training._pick(training.GRAD_HIDDEN_16, HIDDEN, 32, "BLOCK_T", tokens.shape[0], sms)
+    assert (config["BLOCK_T"], config["NDOC"]) == (64, 2)
+    assert training._splits(12, sms, tokens.shape[0] * HIDDEN * 4, triton_cdiv(vocab, config["BLOCK_K"])) > 1
+    grad = torch.randn(8, vocab, device="cuda", generator=g)
+    poisoned = torch.full_like(tokens, float("nan"))
+    dh, _, _ = training._backward(grad, out, arg, tokens, w, doc, 32, "log1p_relu", need_weight=False,
+                                  need_bias=False, grads=(poisoned, None, None))
+    want = reference._argmax_backward(grad.double(), out, arg.long(), tokens.double(), w.double(), "log1p_relu",
+                                      (True, False, False))[0]
+    assert torch.isfinite(dh).all(), f"seed {seed}"
+    assert _rel(dh, want) <= TOL[torch.bfloat16], f"seed {seed}"
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_poisoned_gradients_and_odd_vocabulary(packed, seed):
+    """NaN-filled gradient buffers are fully written at an odd vocabulary size, bias None: packed documents, and padded
+    ones of 192 rows (tiles over two documents) with and without their common length."""
+    vocab = 30_001
+    if packed:
+        tokens, w, _, cu, g = _packed(seed, vocab, torch.bfloat16)
+        out, arg = training.splade_max_packed_argmax_triton(tokens, w, None, cu)
+        doc, _ = training._packed_rows(tokens, cu)
+        padded_len = None
+    else:
+        h, w, _, mask, g = _padded(seed, vocab, torch.bfloat16, batch=6, seq=192)
+        out, arg = training.splade_max_argmax_triton(h, w, None, mask)
+        tokens = h.reshape(-1, HIDDEN)
+        doc = torch.arange(6, device="cuda", dtype=torch.int32).repeat_interleave(192)
+        padded_len = 192
+    grad = torch.randn(out.shape, device="cuda", generator=g)
+    buffers = (torch.full_like(tokens, float("nan")), torch.full_like(w, float("nan")),
+               torch.full((vocab,), float("nan"), device="cuda", dtype=w.dtype))
+    for path in {padded_len, None}:
+        dh, dw, db = training._backward(grad, out, arg, tokens, w, doc, path, "log1p_relu", grads=buffers)
+        torch.cuda.synchronize()
+        for name, t in (("dH", dh), ("dW", dw), ("db", db)):
+            assert torch.isfinite(t).all(), f"{name}: unwritten elements (padded_len {path}, seed {seed})"
+        for t in buffers:
+            t.fill_(float("nan"))
+
+
+def test_ties_and_autograd_end_to_end(seed):
+    """Duplicated tokens: the first copy takes every gradient. Through autograd, with an expanded upstream gradient
+    (out.sum()), against the fp32 reference path on the same inputs."""
+    w, b, g = _weights(seed, 30_522, torch.bfloat16)
+    h = torch.randn(4, 256, HIDDEN, device="cuda", generator=g).to(torch.bfloat16)
+    h[0, 10] *= 3
+    h[0, [77, 130, 255]] = h[0, 10].clone()  # a later slab, the next window's first row, the last row
+    mask = torch.ones(4, 256, device="cuda", dtype=torch.bool)
+    leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+    sparton.splade_max(*leaves[:2], leaves[2], mask).sum().backward()
+    assert (leaves[0].grad[0, [77, 130, 255]] == 0).all(), f"a later copy got gradient (seed {seed})"
+    assert leaves[0].grad[0, 10].abs().sum() > 0
+    ref = [t.float().clone().requires_grad_() for t in (h, w, b)]
+    sparton.splade_max(*ref[:2], ref[2], mask, backend="torch").sum().backward()
+    for got, want in zip(leaves, ref):
+        assert _rel(got.grad, want.grad) <= TOL[torch.bfloat16], f"seed {seed}"
+
+
+def test_fp16_small_upstream_gradients_keep_their_precision(seed):
+    """fp16 S is scaled by a power of two before the cast: with upstream gradients of ~2^-14 (S mostly below fp16's
+    smallest normal) dW still matches the float64 products within fp16 rounding of the output."""
+    tokens, w, b, cu, g = _packed(seed, 30_522, torch.float16, n_docs=12)
+    out, arg = training.splade_max_packed_argmax_triton(tokens, w, b, cu)
+    doc, _ = training._packed_rows(tokens, cu)
+    grad = torch.randn(out.shape, device="cuda", generator=g) * 2.0**-14
+    _, dw, _ = training._backward(grad, out, arg, tokens, w, doc, None, "log1p_relu")
+    want = reference._argmax_backward(grad.double(), out, arg.long(), tokens.double(), w.double(), "log1p_relu",
+                                      (False, True, False))[1]
+    assert _rel(dw, want) <= 5e-3, f"seed {seed}"
+
+
+def test_memory_beyond_outputs_and_argmax(seed):
+    """Forward + backward at V=250,002, 64 documents of 256 tokens: peak memory beyond the inputs, the outputs
+    (w, argmax, dH, dW, db) stays within 8 MiB."""
+    h, w, b, mask, g = _padded(seed, 250_002, torch.bfloat16, batch=64)
+    grad = torch.randn(64, 250_002, device="cuda", generator=g)
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    out, arg = training.splade_max_argmax_triton(h, w, b, mask)
+    tokens = h.reshape(-1, HIDDEN)
+    doc = torch.arange(64, device="cuda", dtype=torch.int32).repeat_interleave(256)
+    grads = training._backward(grad, out, arg, tokens, w, doc, 256, "log1p_relu")
+    torch.cuda.synchronize()
+    owned = sum(t.numel() * t.element_size() for t in (out, arg, doc, *grads))
+    extra = torch.cuda.max_memory_allocated() - before - owned
+    print(f"extra peak memory: {extra / 2**20:.2f} MiB")
+    assert extra <= 8 * 2**20, f"{extra / 2**20:.1f} MiB beyond outputs (seed {seed})"
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_torch_compile_trains_through_the_custom_ops(packed, seed):
+    """A compiled training step (fullgraph) calls the training ops and their backward."""
+    w, b, g = _weights(seed, 30_522, torch.bfloat16)
+    w.requires_grad_()
+    h = torch.randn(4, 64, HIDDEN, device="cuda", generator=g).to(torch.bfloat16).requires_grad_()
+    mask = torch.ones(4, 64, dtype=torch.bool, device="cuda")
+    cu = torch.arange(0, 257, 64, dtype=torch.int32, device="cuda")
+
+    def step(h, w):
+        out = sparton.splade_max_packed(h.view(-1, HIDDEN), w, b, cu, 64) if packed else sparton.splade_max(h, w, b,
+                                                                                                          mask)
+        return (out**2).sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    compiled(h, w).backward()
+    got = (h.grad.clone(), w.grad.clone())
+    h.grad = w.grad = None
+    step(h, w).backward()
+    assert torch.allclose(got[0].float(), h.grad.float(), rtol=1e-3, atol=1e-5)
+    assert torch.allclose(got[1].float(), w.grad.float(), rtol=1e-3, atol=1e-5)
