@@ -54,8 +54,8 @@ def export_ciff(vectors: Path, out: Path, *, memory: int = 4 << 30, description:
             tmp.unlink(missing_ok=True)  # left by a killed export
             with open(create_new(tmp), "wb") as f:
                 f.write(_header(len(terms), docs.count, docs.total, description or
-                                f"lsr-index vectors ({manifest.model.get('name')}, impacts at scale "
-                                f"{manifest.quantization.get('scale')}): tf = impact, doclength = sum of impacts"))
+                                f"lsr-index vectors ({manifest.model.name}, impacts at scale "
+                                f"{manifest.quantization.scale}): tf = impact, doclength = sum of impacts"))
                 for p in range(passes):
                     if passes > 1:
                         low, high = p * len(ranks) // passes, (p + 1) * len(ranks) // passes
