@@ -11,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from lsr_index.engines.seismic import Searcher, SeismicBuild, SeismicSearch, build_index, verify
 from lsr_index.engines.seismic import build as seismic_build
+from lsr_index.engines.seismic.build import build_files, verify
 from lsr_index.engines.seismic.layout import INDEX_FILE, RECORD, crc32_file
+from lsr_index.engines.seismic.options import SeismicBuild, SeismicSearch
+from lsr_index.engines.seismic.searcher import Searcher
 from lsr_index.errors import LsrIndexError
 from lsr_index.vectors import shards
 from lsr_index.vectors.manifest import Manifest
@@ -63,7 +65,7 @@ def build(tmp: Path, docs: Docs, fmt: str = "parquet", options: SeismicBuild = E
     vectors, work = tmp / f"vectors-{fmt}", tmp / f"index-{fmt}"
     manifest = write(vectors, docs, fmt, **kwargs)
     work.mkdir()
-    build_index(vectors, manifest, work, options=options, progress=False)
+    build_files(vectors, manifest, work, options=options, progress=False)
     return work
 
 
@@ -209,7 +211,7 @@ def test_impacts_seismic_cannot_hold_are_refused(tmp_path, impact, cause):
         np.array([0, 1, 2], np.int64), np.array([0, 1], np.int32), np.array([5, impact], np.int32)))]], "parquet")
     (tmp_path / "index").mkdir()
     with pytest.raises(LsrIndexError, match=f"document 'b' has {cause} for term 'y'.*from 1 to 2048") as failure:
-        build_index(vectors, manifest, tmp_path / "index", progress=False)
+        build_files(vectors, manifest, tmp_path / "index", progress=False)
     assert "\n" not in str(failure.value)
 
 
@@ -219,7 +221,7 @@ def test_the_build_needs_an_empty_work_directory(tmp_path):
     (tmp_path / "index").mkdir()
     (tmp_path / "index" / "stray").write_text("")
     with pytest.raises(LsrIndexError, match="only in an empty directory"):
-        build_index(vectors, manifest, tmp_path / "index", progress=False)
+        build_files(vectors, manifest, tmp_path / "index", progress=False)
 
 
 def _zero(path: Path) -> None:

@@ -1,10 +1,8 @@
 """Seismic (Bruch, Nardini, Rulli, Venturini, SIGIR 2024; PyPI pyseismic-lsr): approximate top-k over learned sparse
 vectors through clustered inverted lists with summaries, built from the same shards and integer impacts as the
 Lucene index. The scores it returns are the exact integer dot products of the documents it finds; which documents
-it finds depends on SeismicBuild and SeismicSearch (see options.py)."""
+it finds depends on SeismicBuild and SeismicSearch (options.py).
 
-from lsr_index.engines.seismic.build import build_index, verify
-from lsr_index.engines.seismic.options import SeismicBuild, SeismicSearch
-from lsr_index.engines.seismic.searcher import Searcher
-
-__all__ = ["Searcher", "SeismicBuild", "SeismicSearch", "build_index", "verify"]
+build.py builds and publishes an index, searcher.py searches it, layout.py names and checks its files. Nothing is
+imported here, so that the command line reads the options' ranges without loading the engine.
+"""

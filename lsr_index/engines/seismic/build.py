@@ -1,4 +1,4 @@
-"""Vectors shards → a Seismic index in an empty work directory, built in a child process.
+"""Vectors shards → a Seismic index, built in a child process and published as every engine's index is.
 
 The child reads the manifest's shards in order into Seismic's in-memory dataset, builds the index, saves it, loads
 it back to check it, and writes the record last. A child because Seismic's build is one long call into Rust that
@@ -27,6 +27,7 @@ from typing import BinaryIO
 
 import numpy as np
 
+from lsr_index.engines.index import IndexRecord
 from lsr_index.engines.seismic.layout import (
     EMPTY,
     FILES,
@@ -58,15 +59,44 @@ _PHASES = {"build": "build the Seismic index", "save": "save the Seismic index",
            "check": "check the Seismic index"}
 
 
-def build_index(vectors: Path, manifest: Manifest, work: Path, *, options: SeismicBuild | None = None,
+def build_index(vectors: Path, index: Path, *, options: SeismicBuild | None = None, overwrite: bool = False,
+                progress: bool = True) -> IndexRecord:
+    """The Seismic index of `vectors`' shards at `index`, published only when complete and verified, as a Lucene
+    index is (engines.publish: a work directory beside it, locks, `--overwrite` rules, stopped builds cleaned up);
+    its record, whose `settings` hold the build options and what was built. Ids given twice are refused first."""
+    from lsr_index.engines.publish import build_published, check_ids
+
+    seismic_version()  # an install hint before any shard is read
+    options = _options(options)
+
+    def make(manifest: Manifest, work: Path) -> tuple[Path, IndexRecord]:
+        check_ids(vectors, manifest, progress)
+        built = work / "index"
+        built.mkdir()
+        info = build_files(vectors, manifest, built, options=options, progress=progress)
+        settings = {key: info[key] for key in ("seismic", "options", "held", "empty", "terms", "nonzeros",
+                                                "max_impact", "components", "index_bytes", "peak_memory_bytes")}
+        return built, IndexRecord(documents=info["documents"], build_seconds=info["seconds"], builder="seismic",
+                                  threads=options.threads, writers=1, heap=None, vectors=str(vectors.resolve()),
+                                  vectors_manifest=manifest, engine="seismic", settings=settings)
+
+    return build_published(vectors, index, make, overwrite=overwrite, progress=progress)
+
+
+def _options(options: SeismicBuild | None) -> SeismicBuild:
+    options = SeismicBuild() if options is None else options
+    if not isinstance(options, SeismicBuild):
+        raise LsrIndexError(f"seismic build options must be SeismicBuild, got {type(options).__name__}")
+    return options
+
+
+def build_files(vectors: Path, manifest: Manifest, work: Path, *, options: SeismicBuild | None = None,
                 progress: bool = True) -> dict:
     """Build the Seismic index of the shards `manifest` lists (in its order) inside the empty directory `work`;
     what was built (documents, options, sizes, times, peak memory of the build). The caller has verified the
     shards' checksums and publishes `work` once `verify(work)` agrees with the manifest."""
     version = seismic_version()
-    options = SeismicBuild() if options is None else options
-    if not isinstance(options, SeismicBuild):
-        raise LsrIndexError(f"seismic build options must be SeismicBuild, got {type(options).__name__}")
+    options = _options(options)
     try:
         if any(work.iterdir()):
             raise LsrIndexError(f"{work}: the Seismic index is built only in an empty directory")

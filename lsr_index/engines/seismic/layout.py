@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lsr_index.errors import LsrIndexError
+from lsr_index.errors import LsrIndexError, install_hint
 from lsr_index.runtime.durable import os_cause
 
 RECORD = "seismic.json"
@@ -47,7 +47,7 @@ def seismic_version() -> str:
     try:
         return metadata.version(DISTRIBUTION)
     except metadata.PackageNotFoundError:
-        raise LsrIndexError("the Seismic engine needs Seismic: pip install pyseismic-lsr") from None
+        raise LsrIndexError(f"the Seismic engine needs Seismic (pyseismic-lsr): {install_hint('seismic')}") from None
 
 
 def crc32_file(path: Path) -> int:

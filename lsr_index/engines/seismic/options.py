@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from lsr_index.errors import LsrIndexError
 
 # name: (type, lowest, highest, what the range means); the lowest bound of a float is excluded where noted
-_RANGES: dict[str, tuple[type, float, float, str]] = {
+RANGES: dict[str, tuple[type, float, float, str]] = {
     "n_postings": (int, 1, 100_000_000, "an integer in 1..100,000,000"),
     "centroid_fraction": (float, 0.0, 1.0, "a number in (0, 1]"),
     "summary_energy": (float, 0.0, 1.0, "a number in (0, 1]"),
@@ -27,16 +27,29 @@ _RANGES: dict[str, tuple[type, float, float, str]] = {
     "query_cut": (int, 1, 100_000, "an integer in 1..100,000"),
     "heap_factor": (float, 0.0, 1.0, "a number in [0, 1]"),
 }
-_OPEN_LOW = {"centroid_fraction", "summary_energy"}
+OPEN_LOW = {"centroid_fraction", "summary_energy"}
+# what each knob does, for the command line's --help
+HELP = {
+    "n_postings": "Postings each term's inverted list keeps on average (its highest impacts): more is more "
+                  "accurate, larger and slower to build.",
+    "centroid_fraction": "Blocks a list is clustered into, as a fraction of its postings.",
+    "summary_energy": "Share of a block's L1 mass its summary vector keeps: more skips blocks more surely.",
+    "max_fraction": "One term's list holds at most this many times n_postings postings.",
+    "min_cluster_size": "Smaller blocks are merged into others.",
+    "doc_cut": "Highest terms of a document used to assign it to a block.",
+    "query_cut": "Lists a query reads: those of its highest-weighted terms. More is more accurate and slower.",
+    "heap_factor": "A block is read when its summary's score reaches this share of the k-th best score found so "
+                   "far: lower is more accurate and slower (0: every block).",
+}
 
 
 def _check(owner: str, name: str, value: object) -> None:
-    kind, low, high, text = _RANGES[name]
+    kind, low, high, text = RANGES[name]
     if name == "threads" and value is None:
         return
     number = isinstance(value, int | float) and not isinstance(value, bool)
     ok = number and (kind is float or isinstance(value, int)) and low <= value <= high \
-        and not (name in _OPEN_LOW and value == low) and value == value  # NaN fails the last test
+        and not (name in OPEN_LOW and value == low) and value == value  # NaN fails the last test
     if not ok:
         raise LsrIndexError(f"seismic {owner} option {name} must be {text}, got {value!r}")
 
@@ -53,7 +66,7 @@ class _Options:
                     raise LsrIndexError(f"seismic search option first_sorted must be true or false, got {value!r}")
                 continue
             _check(owner, f.name, value)
-            if _RANGES[f.name][0] is float and isinstance(value, int):
+            if RANGES[f.name][0] is float and isinstance(value, int):
                 object.__setattr__(self, f.name, float(value))
 
     def to_dict(self) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lsr_index.engines.index import IndexGeneration
 from lsr_index.engines.seismic.layout import (
     INDEX_FILE,
     check_files,
@@ -33,18 +34,22 @@ _BATCH = 256  # queries per call of Seismic's parallel batch search (Ctrl-C and 
 class Searcher:
     """A Seismic index opened for searching: checked against its record in full before Seismic loads it."""
 
-    def __init__(self, directory: Path, options: SeismicSearch | None = None):
+    def __init__(self, index: Path | IndexGeneration, options: SeismicSearch | None = None):
+        """`index`: a directory, or one generation of a published index (its files read through the directory
+        opened, whatever is published meanwhile)."""
         options = SeismicSearch() if options is None else options
         if not isinstance(options, SeismicSearch):
             raise LsrIndexError(f"seismic search options must be SeismicSearch, got {type(options).__name__}")
+        directory, files = (index.index, index.files) if isinstance(index, IndexGeneration) else (index, index)
         self.directory, self.options = directory, options
-        if not directory.is_dir():
+        if not files.is_dir():
             raise LsrIndexError(f"{directory}: no index here; build one with `lsr-index build --engine seismic`")
-        record = read_record(directory)
-        check_version(directory, record)
-        check_files(directory, record)
-        self._blob, self._offsets, self._empty = read_ids(directory, record)
-        names = read_terms(directory, record)
+        with _named(files, directory):
+            record = read_record(files)
+            check_version(files, record)
+            check_files(files, record)
+            self._blob, self._offsets, self._empty = read_ids(files, record)
+            names = read_terms(files, record)
         self.documents, self.record = record["documents"], record
         self._terms = {term: number for number, term in enumerate(names)}
         self._index = None
@@ -55,12 +60,13 @@ class Searcher:
             index_class = seismic.SeismicIndexLV if record["components"] == "u32" else seismic.SeismicIndex
             try:
                 with _quiet():
-                    self._index = index_class.load(str(directory / INDEX_FILE))
+                    self._index = index_class.load(str(files / INDEX_FILE))
             except BaseException as exc:  # an IOError, or a panic (a BaseException): one line, never a traceback
                 if isinstance(exc, KeyboardInterrupt | SystemExit):
                     raise
                 raise LsrIndexError(f"{directory}: Seismic cannot load the index: {type(exc).__name__}: "
-                                    f"{' '.join(str(exc).split())}"[:400]) from None
+                                    f"{' '.join(str(exc).split()).replace(str(files), str(directory))}"[:400]
+                                    ) from None
             found = (self._index.len, self._index.dim, self._index.nnz)
             if found != (record["held"], record["terms"], record["nonzeros"]):
                 self._index = None
@@ -161,6 +167,17 @@ class Searcher:
     def close(self) -> None:
         """Release the index's memory."""
         self._index = None
+
+
+@contextlib.contextmanager
+def _named(files: Path, directory: Path) -> Iterator[None]:
+    """A refusal names the index as the user gave it, not the path its files were read through."""
+    try:
+        yield
+    except LsrIndexError as exc:
+        if files == directory:
+            raise
+        raise LsrIndexError(str(exc).replace(str(files), str(directory))) from None
 
 
 @contextlib.contextmanager
