@@ -170,3 +170,12 @@ def test_protobuf_reads_the_ciff_file(tmp_path, seed):
     by_term = {pl.term: np.cumsum([p.docid for p in pl.postings]).tolist() for pl in lists}
     assert by_term == {t: [k for k, (_, v) in enumerate(docs) if t in v] for pl in lists for t in [pl.term]}
     assert sum(p.tf for pl in lists for p in pl.postings) == header.total_terms_in_collection
+
+
+def test_the_python_api_writes_the_same_ciff_file(tmp_path, seed):
+    from lsr_index import api
+
+    _write(tmp_path / "vectors", _corpus(np.random.default_rng(seed)), "parquet")
+    info = api.export_ciff(tmp_path / "vectors", tmp_path / "api.ciff")
+    export_ciff(tmp_path / "vectors", tmp_path / "direct.ciff")
+    assert info["bytes"] > 0 and (tmp_path / "api.ciff").read_bytes() == (tmp_path / "direct.ciff").read_bytes()
