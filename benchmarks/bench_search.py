@@ -15,11 +15,11 @@ Datasets:
              impacts (×100), query lengths and impacts, and term popularity as a Zipf law over a 30,522-term
              vocabulary. Independent draws would make documents share nothing but frequent terms; real ones share
              topics, which is what Seismic's clustered lists exploit. So each document draws half its terms from a
-             topic (two mixed, out of docs/1000) and gives them its highest impacts; each query draws 70% of its
+             topic (two mixed, out of docs/15) and gives them its highest impacts; each query draws 70% of its
              terms from one topic. Written as Parquet shards, streamed (never all in memory).
 
     python benchmarks/bench_search.py --vectors V --queries Q.tsv --qrels R.tsv     # SciFact + 1M synthetic
-    python benchmarks/bench_search.py --quick                                       # a smoke run, ~2 min
+    python benchmarks/bench_search.py --quick                                       # a smoke run, minutes
 
 Writes benchmarks/results/search_<tag>.{json,csv,png} (PNG: recall@k against queries/s).
 """
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gzip
 import json
 import os
 import shutil
@@ -47,10 +46,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_build import fit  # noqa: E402
 from provenance import csv_line, png_metadata, provenance, with_provenance  # noqa: E402
 
-from lsr_index.engines.lucene.build import available_cores  # noqa: E402
 from lsr_index.engines.lucene.build import build_index as build_lucene  # noqa: E402
-from lsr_index.engines.seismic import Searcher, SeismicBuild, SeismicSearch  # noqa: E402
-from lsr_index.engines.seismic import build_index as build_seismic  # noqa: E402
+from lsr_index.engines.seismic.build import build_index as build_seismic  # noqa: E402
+from lsr_index.engines.seismic.options import SeismicBuild, SeismicSearch  # noqa: E402
+from lsr_index.engines.seismic.searcher import Searcher  # noqa: E402
+from lsr_index.runtime.threads import host_cores as available_cores  # noqa: E402
 from lsr_index.vectors.manifest import Manifest  # noqa: E402
 from lsr_index.vectors.quantize import SparseVectors  # noqa: E402
 from lsr_index.vectors.shards import write_vectors  # noqa: E402
@@ -249,25 +249,26 @@ def _summary(x: np.ndarray) -> dict:
 # --- real vectors and queries -----------------------------------------------------------------------------------
 
 def read_query_vectors(path: Path, vectors: Path) -> Queries:
-    """Query vectors from JSONL ({"id", "vector"}), or queries `qid<TAB>text` encoded with the vectors' model."""
-    if path.name.endswith((".jsonl", ".jsonl.gz")):
-        import orjson
-
-        with (gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")) as f:
-            return [(str(r["id"]), {t: int(w) for t, w in r["vector"].items()})
-                    for r in map(orjson.loads, f) if r]
-    from lsr_index.inputs.topics import read_queries
-    from lsr_index.search import encode_queries, query_encoder
+    """Query vectors from JSONL ({"id", "vector"}, as `search --query-vectors` reads them), or queries
+    `qid<TAB>text` encoded with the vectors' model, as `search` encodes them."""
+    from lsr_index.search import encode_queries, quantized_vectors, query_encoder
+    from lsr_index.vectors.quantize import Quantization
 
     manifest = Manifest.load(vectors)
+    if path.name.endswith((".jsonl", ".jsonl.gz")):
+        from lsr_index.inputs.topics import read_query_vectors as read
+
+        return quantized_vectors(read(path), Quantization(scale=manifest.quantization.scale))
+    from lsr_index.inputs.topics import read_queries
+
     encoder, quantization = query_encoder(manifest, vectors, None, "cpu", "auto")
-    return encode_queries(encoder, quantization, read_queries(path), manifest.encoder["query_max_length"])
+    return encode_queries(encoder, quantization, read_queries(path), manifest.encoder.query_max_length)
 
 
 def sample_fit(work: Path) -> tuple[Path, Path]:
     """data/sample encoded with splade-tiny: the vectors and the queries file to fit when no --vectors is given."""
     from lsr_index.encode.job import EncodeJob, EncodeOptions
-    from lsr_index.encode.plan import encode_corpus
+    from lsr_index.encode.run import encode_corpus
 
     out = work / "sample-vectors"
     if not (out / "manifest.json").exists():
@@ -346,7 +347,7 @@ def lucene_hits_ab(vectors: Path, queries: Queries, work: Path, rounds: int = 3)
     """Queries/s of both ways on one Lucene index, alternated, best of `rounds`; and whether the run files they
     write are the same bytes."""
     from lsr_index.engines.lucene.searcher import ImpactSearcher
-    from lsr_index.search import write_run
+    from lsr_index.runs import write_run
 
     index = work / "ab-lucene"
     shutil.rmtree(index, ignore_errors=True)
@@ -398,8 +399,10 @@ def bench_dataset(name: str, vectors: Path, queries: Queries, qrels: dict | None
     lucene_dir = work / f"{name}-lucene"
     shutil.rmtree(lucene_dir, ignore_errors=True)
     with ChildrenMemory() as memory:
-        info = build_lucene(vectors, lucene_dir, threads=available_cores(), heap="3g", progress=False)
-    lucene = {"engine": "lucene", "setting": "exact (direct builder)", "build_seconds": info["build_seconds"],
+        t0 = time.perf_counter()
+        build_lucene(vectors, lucene_dir, threads=available_cores(), heap="3g", progress=False)
+        seconds = time.perf_counter() - t0
+    lucene = {"engine": "lucene", "setting": "exact (direct builder)", "build_seconds": round(seconds, 2),
               "index_bytes": tree_bytes(lucene_dir), "build_memory_bytes": memory.peak}
     searcher = ImpactSearcher(lucene_dir)
     try:
@@ -413,17 +416,20 @@ def bench_dataset(name: str, vectors: Path, queries: Queries, qrels: dict | None
     finally:
         searcher.close()
     shutil.rmtree(lucene_dir, ignore_errors=True)
-    lucene_qps = next(r["qps"] for r in rows if r["dataset"] == name and r["engine"] == "lucene")
+    lucene_qps, lucene_qps_cpu = next((r["qps"], r["qps_cpu"]) for r in rows
+                                      if r["dataset"] == name and r["engine"] == "lucene")
 
     for b, options in enumerate(builds):
         index = work / f"{name}-seismic-{b}"
         shutil.rmtree(index, ignore_errors=True)
-        index.mkdir()
-        with ChildrenMemory() as memory:
-            info = build_seismic(vectors, manifest, index, options=options, progress=False)
-        built = {"engine": "seismic", "build": _short(options, SeismicBuild()), "build_seconds": info["seconds"],
-                 "index_bytes": info["index_bytes"], "build_memory_bytes": max(memory.peak,
-                                                                              info["peak_memory_bytes"])}
+        with ChildrenMemory() as memory:  # the build as `lsr-index build --engine seismic` runs it
+            t0 = time.perf_counter()
+            record = build_seismic(vectors, index, options=options, progress=False)
+            seconds = time.perf_counter() - t0
+        info = record.settings
+        built = {"engine": "seismic", "build": _short(options, SeismicBuild()), "build_seconds": round(seconds, 2),
+                 "index_bytes": tree_bytes(index), "build_memory_bytes": max(memory.peak,
+                                                                             info["peak_memory_bytes"])}
         print(json.dumps({"dataset": name, **built, "seismic_build": info}), flush=True)
         for options_search in searches:
             searcher = Searcher(index, options_search)
@@ -434,12 +440,13 @@ def bench_dataset(name: str, vectors: Path, queries: Queries, qrels: dict | None
                        "qps_cpu": round(len(queries) / cpu, 2), "ndcg@10": ndcg(run, qrels),
                        "default": options == SeismicBuild() and options_search == SeismicSearch()}
                 row["speedup"] = round(row["qps"] / lucene_qps, 1)
+                row["speedup_cpu"] = round(row["qps_cpu"] / lucene_qps_cpu, 1)
                 emit(row)
                 if row["default"] and not big:
                     _, wall, cpu = timed(lambda q, s=searcher: s.search(q, hits=1000, threads=1), queries, rounds)
                     emit({**row, "hits": 1000, "recall": None, "ndcg@10": None,
                           "qps": round(len(queries) / wall, 2), "qps_cpu": round(len(queries) / cpu, 2),
-                          "speedup": None})
+                          "speedup": None, "speedup_cpu": None})
             finally:
                 searcher.close()
         shutil.rmtree(index, ignore_errors=True)
@@ -464,7 +471,8 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10, help="hits per query for recall@k and queries/s")
     parser.add_argument("--quick", action="store_true", help="a smoke run: 20k synthetic documents, a small sweep")
     parser.add_argument("--builds", help="Seismic build settings to compare, ';'-separated, each 'default' or "
-                        "'name=value,...' (default: the defaults and three variants)")
+                        "'name=value,...' (default: the defaults and two variants of n_postings; on the synthetic "
+                        "set, whose builds take long, the defaults alone)")
     parser.add_argument("--cuts", help="query_cut values to sweep, comma-separated")
     parser.add_argument("--factors", help="heap_factor values to sweep, comma-separated")
     parser.add_argument("--lucene-hits", action="store_true", help="also time Lucene's hits read per hit against "
@@ -484,8 +492,9 @@ def main() -> None:
                                          {k: json.loads(v) for k, v in (kv.split("=") for kv in spec.split(","))})
                   for spec in args.builds.split(";")]
     else:
-        builds = [SeismicBuild()] if args.quick else [SeismicBuild(), SeismicBuild(n_postings=1000),
-                                                      SeismicBuild(n_postings=4000)]
+        builds = [SeismicBuild()] if args.quick else [SeismicBuild(), SeismicBuild(n_postings=300),
+                                                      SeismicBuild(n_postings=3000)]
+    synthetic_builds = builds if args.builds else builds[:1]
     cuts = [int(c) for c in args.cuts.split(",")] if args.cuts else \
         (3, 5, 10, 20) if args.quick else (3, 5, 8, 10, 15, 20, 30)
     factors = [float(f) for f in args.factors.split(",")] if args.factors else \
@@ -528,7 +537,7 @@ def main() -> None:
                                             "query_impacts": _summary(queries_fit["weights"])},
                                  "drawn": stats(synthetic, queries)}
         print(json.dumps({"synthetic": datasets["synthetic"]}), flush=True)
-        bench_dataset("synthetic", synthetic, queries, None, args.work, args, builds, searches, rows)
+        bench_dataset("synthetic", synthetic, queries, None, args.work, args, synthetic_builds, searches, rows)
 
     summary = summarize(rows)
     result = {"datasets": datasets, "summary": summary, "rows": rows,
@@ -537,7 +546,8 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     stem = out / f"search_{args.tag}"
     stem.with_suffix(".json").write_text(json.dumps(with_provenance(result, prov), indent=1) + "\n")
-    columns = ["dataset", "engine", "build", "setting", "hits", "recall", "qps", "qps_cpu", "speedup", "ndcg@10",
+    columns = ["dataset", "engine", "build", "setting", "hits", "recall", "qps", "qps_cpu", "speedup", "speedup_cpu",
+               "ndcg@10",
                "build_seconds", "index_bytes", "build_memory_bytes", "documents", "queries", "default"]
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
         f.write(csv_line(prov))
@@ -557,6 +567,8 @@ def summarize(rows: list[dict]) -> dict:
         lucene = next(r for r in mine if r["engine"] == "lucene")
         seismic = [r for r in mine if r["engine"] == "seismic"]
         entry = {"lucene": lucene, "default": next((r for r in seismic if r.get("default")), None)}
+        if entry["default"] and lucene.get("ndcg@10") is not None:
+            entry["ndcg@10_default_minus_lucene"] = round(entry["default"]["ndcg@10"] - lucene["ndcg@10"], 4)
         for floor in (0.97, 0.99):
             good = [r for r in seismic if r["recall"] >= floor]
             entry[f"fastest_at_{floor}"] = max(good, key=lambda r: r["qps"]) if good else None
