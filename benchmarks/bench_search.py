@@ -2,7 +2,8 @@
 
 Each dataset is indexed by both engines from the same shards: Lucene by the direct builder (every core), Seismic
 by `engines.seismic.build_index` at a few build settings. Build rows: wall time, index bytes, peak memory (the
-resident memory of this process's children, summed, sampled every 0.2 s). Search rows, one thread, `--k` hits:
+resident memory of this process's children, summed, sampled every 0.2 s), and the memory searching adds to this
+process (Seismic's index loaded; Lucene's JVM and what it maps). Search rows, one thread, `--k` hits:
 queries/s by wall clock and by CPU time (the machine may be shared), and recall@k against Lucene's run, which is
 exact for integer impacts: the share of the exact top k that a run finds, counting a document tied with the exact
 k-th score as found (Lucene keeps the lowest docids of a tie, Seismic any of them). With judgments, nDCG@10.
@@ -62,7 +63,9 @@ Queries = list[tuple[str, dict[str, int]]]
 # --- memory -----------------------------------------------------------------------------------------------------
 
 class ChildrenMemory:
-    """Peak resident memory of this process's descendants, summed over those alive at each sample."""
+    """Peak resident memory of this process's descendants, summed over those alive at each sample. A child caught
+    between its fork and its exec still shows this process's command line and resident pages (gigabytes, with the
+    JVM and torch loaded): it is left out."""
 
     def __init__(self, every: float = 0.2):
         self.every, self.peak = every, 0
@@ -79,6 +82,7 @@ class ChildrenMemory:
 
     def _run(self) -> None:
         page = os.sysconf("SC_PAGE_SIZE")
+        own = Path(f"/proc/{os.getpid()}/cmdline").read_bytes()
         while not self._stop.wait(self.every):
             parents = {}
             for entry in os.listdir("/proc"):
@@ -95,6 +99,8 @@ class ChildrenMemory:
             total = 0
             for pid in mine:
                 try:
+                    if Path(f"/proc/{pid}/cmdline").read_bytes() == own:
+                        continue
                     total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page
                 except (OSError, ValueError, IndexError):
                     continue
@@ -318,6 +324,11 @@ def ndcg(run: dict, qrels: dict | None) -> float | None:
     return round(evaluate(run, qrels, ("nDCG@10",))["nDCG@10"], 4)
 
 
+def resident() -> int:
+    """This process's resident memory now (bytes)."""
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
 def tree_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
@@ -404,9 +415,11 @@ def bench_dataset(name: str, vectors: Path, queries: Queries, qrels: dict | None
         seconds = time.perf_counter() - t0
     lucene = {"engine": "lucene", "setting": "exact (direct builder)", "build_seconds": round(seconds, 2),
               "index_bytes": tree_bytes(lucene_dir), "build_memory_bytes": memory.peak}
+    before = resident()
     searcher = ImpactSearcher(lucene_dir)
     try:
         exact, wall, cpu = timed(lambda q: searcher.search(q, hits=args.k, threads=1), queries, rounds)
+        lucene["search_memory_bytes"] = resident() - before  # the JVM, the first time, and what it maps
         emit({**base, **lucene, "hits": args.k, "recall": 1.0, "qps": round(len(queries) / wall, 2),
               "qps_cpu": round(len(queries) / cpu, 2), "ndcg@10": ndcg(exact, qrels)})
         if not big:  # a full run (1,000 hits), as `lsr-index search` writes it
@@ -431,9 +444,12 @@ def bench_dataset(name: str, vectors: Path, queries: Queries, qrels: dict | None
                  "index_bytes": tree_bytes(index), "build_memory_bytes": max(memory.peak,
                                                                              info["peak_memory_bytes"])}
         print(json.dumps({"dataset": name, **built, "seismic_build": info}), flush=True)
-        for options_search in searches:
-            searcher = Searcher(index, options_search)
-            try:
+        before = resident()
+        searcher = Searcher(index)  # loaded once: each setting below is the same index searched otherwise
+        built["search_memory_bytes"] = resident() - before
+        try:
+            for options_search in searches:
+                searcher.options = options_search
                 run, wall, cpu = timed(lambda q, s=searcher: s.search(q, hits=args.k, threads=1), queries, rounds)
                 row = {**base, **built, "setting": _short(options_search, SeismicSearch()), "hits": args.k,
                        "recall": round(recall(run, exact, args.k), 4), "qps": round(len(queries) / wall, 2),
@@ -447,8 +463,8 @@ def bench_dataset(name: str, vectors: Path, queries: Queries, qrels: dict | None
                     emit({**row, "hits": 1000, "recall": None, "ndcg@10": None,
                           "qps": round(len(queries) / wall, 2), "qps_cpu": round(len(queries) / cpu, 2),
                           "speedup": None, "speedup_cpu": None})
-            finally:
-                searcher.close()
+        finally:
+            searcher.close()
         shutil.rmtree(index, ignore_errors=True)
 
 
@@ -548,7 +564,8 @@ def main() -> None:
     stem.with_suffix(".json").write_text(json.dumps(with_provenance(result, prov), indent=1) + "\n")
     columns = ["dataset", "engine", "build", "setting", "hits", "recall", "qps", "qps_cpu", "speedup", "speedup_cpu",
                "ndcg@10",
-               "build_seconds", "index_bytes", "build_memory_bytes", "documents", "queries", "default"]
+               "build_seconds", "index_bytes", "build_memory_bytes", "search_memory_bytes", "documents", "queries",
+               "default"]
     with open(stem.with_suffix(".csv"), "w", newline="") as f:
         f.write(csv_line(prov))
         writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
