@@ -605,11 +605,11 @@ def plot(rows: list[dict], path: Path, prov: dict) -> None:
         mine = [r for r in rows if r["dataset"] == name and r["recall"] is not None]
         for b, build in enumerate(dict.fromkeys(r["build"] for r in mine if r["engine"] == "seismic")):
             points = sorted((r["qps"], r["recall"]) for r in mine if r.get("build") == build)
-            ax.scatter(*zip(*points), s=14, color=f"C{b}", label=f"Seismic {build}")
+            ax.scatter(*zip(*points), s=14, color=f"C{b}", label=f"Seismic, build: {build}")
         for r in mine:
             if r.get("default"):
                 ax.scatter([r["qps"]], [r["recall"]], s=90, facecolors="none", edgecolors="black",
-                           label="Seismic default")
+                           label="Seismic, default settings")
             if r["engine"] == "lucene":
                 ax.scatter([r["qps"]], [1.0], marker="s", s=50, color="black", label="Lucene (exact)")
         ax.axhline(0.97, color="grey", lw=0.6, ls="--")
