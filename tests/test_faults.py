@@ -450,7 +450,7 @@ def test_search_refuses_a_damaged_index_record(tmp_path):
 
 
 def test_publishing_over_an_old_index_swaps_in_one_step(tmp_path):
-    from lsr_index.engines.lucene.build import _publish
+    from lsr_index.engines.publish import publish as _publish
 
     (tmp_path / "index").mkdir()
     (tmp_path / "index" / "old").touch()

@@ -10,8 +10,9 @@ import pytest
 from search_fixtures import SAMPLE, build, query_terms, random_docs, write_vectors
 
 from lsr_index.engines.index import IndexGeneration
-from lsr_index.engines.lucene.build import _publish, _remove_retired
 from lsr_index.engines.lucene.searcher import ImpactSearcher
+from lsr_index.engines.publish import publish as _publish
+from lsr_index.engines.publish import remove_retired as _remove_retired
 from lsr_index.inputs.topics import read_queries
 from lsr_index.search import search
 from lsr_index.vectors.manifest import Manifest

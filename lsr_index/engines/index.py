@@ -7,7 +7,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from lsr_index.errors import LsrIndexError
@@ -16,22 +16,25 @@ from lsr_index.vectors.manifest import Manifest
 
 INDEX_MANIFEST = "lsr-index.json"
 INDEX_KIND = "lsr-index/index"
+ENGINES = ("lucene", "seismic")  # Lucene first: the default, and the exact reference
 
 
 @dataclass(frozen=True)
 class IndexRecord:
     """What a build published (the index's lsr-index.json): the engine and how it built, and the vectors manifest
-    it was built from, whose model and quantization `search` encodes queries with."""
+    it was built from, whose model and quantization `search` encodes queries with. `search` reads the engine here:
+    a record without one is a Lucene index's (the only engine of earlier releases)."""
 
     documents: int
     build_seconds: float
     builder: str
     threads: int | None  # as asked (None: the default)
     writers: int
-    heap: str
+    heap: str | None  # the JVM heap of each Lucene writer; None for an engine without a JVM
     vectors: str  # the vectors directory it was built from
     vectors_manifest: Manifest
     engine: str = "lucene"
+    settings: dict = field(default_factory=dict)  # the engine's own build settings and counts (Seismic's knobs)
     kind: str = INDEX_KIND
 
     def to_json(self) -> bytes:
@@ -48,10 +51,17 @@ class IndexRecord:
         body = {k: v for k, v in info.items() if k in known}
         body["vectors_manifest"] = Manifest.from_dict(info["vectors_manifest"], origin)
         try:
-            return cls(**body)
+            record = cls(**body)
         except TypeError as exc:
             raise LsrIndexError(f"{origin}: malformed index record ({exc}); rebuild the index with `lsr-index build "
                                 "--overwrite`") from None
+        if record.engine not in ENGINES:
+            raise LsrIndexError(f"{origin}: an index of engine {record.engine!r}, which this lsr-index does not know "
+                                f"(it knows {', '.join(ENGINES)})")
+        if not isinstance(record.settings, dict):
+            raise LsrIndexError(f"{origin}: malformed index record ('settings' is not an object); rebuild the index "
+                                "with `lsr-index build --overwrite`")
+        return record
 
 
 class IndexGeneration:
@@ -87,6 +97,8 @@ class IndexGeneration:
             self.lucene_path = proc if os.path.samestat(os.stat(proc), os.fstat(fd)) else str(index)
         except OSError:  # no /proc: Lucene opens the path, and `holds` tells whether it got this generation
             self.lucene_path = str(index)
+        # where an engine reads the generation's files: through the open directory where /proc allows
+        self.files = Path(self.lucene_path)
 
     def _published(self, fd: int) -> bool:
         try:

@@ -178,3 +178,55 @@ def _json_field(
             f"field {key!r} is {type(value).__name__}, expected {' or '.join(k.__name__ for k in kinds)}",
         )
     return str(value)
+
+
+def read_query_vectors(path: str | Path) -> list[tuple[str, dict[str, int | float]]]:
+    """(qid, {term: weight}) pairs in file order, from JSON Lines of {"id", "vector": {term: weight}} (the form
+    `encode` writes documents in; "_id" or "qid" for the id also do), optionally compressed. Weights are
+    non-negative finite numbers, kept as written (an integer stays an int, a fraction a float: the caller decides
+    what they are); a name given twice in an object, an id given twice, is refused with its line."""
+    import json
+    import math
+
+    path = Path(path)
+    queries: list[tuple[str, dict[str, int | float]]] = []
+    first_seen: dict[str, int] = {}
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        seen: set[str] = set()
+        for key, _ in items:
+            if key in seen:
+                raise ValueError(f"the name {key!r} appears twice in an object")
+            seen.add(key)
+        return dict(items)
+
+    def constant(name: str) -> None:
+        raise ValueError(f"{name} is not a number JSON allows")
+
+    for line_no, line in text_lines(path):
+        try:
+            record = json.loads(line, object_pairs_hook=pairs, parse_constant=constant)
+        except ValueError as e:  # JSONDecodeError is one
+            raise InputError(path, line_no, f"not a query vector record: {e}"[:300],
+                             'expected {"id": ..., "vector": {term: weight, ...}}') from None
+        if not isinstance(record, dict):
+            raise InputError(path, line_no, "expected a JSON object")
+        qid = _json_field(path, line_no, record, _QID_KEYS, (str, int))
+        problem = check_id(qid)
+        if problem:
+            raise InputError(path, line_no, f"query {problem}" if qid else "empty query id",
+                             "run and qrels files cannot represent it")
+        vector = record.get("vector")
+        if not isinstance(vector, dict):
+            raise InputError(path, line_no, f"query {qid!r}: no 'vector' object of term: weight")
+        for term, weight in vector.items():
+            if type(weight) not in (int, float) or not math.isfinite(weight) or weight < 0:
+                raise InputError(path, line_no, f"query {qid!r}: the weight {weight!r} of term {term!r} is not a "
+                                 "non-negative number")
+        if qid in first_seen:
+            raise InputError(path, line_no, f"duplicate query id {qid!r} (first on line {first_seen[qid]})")
+        first_seen[qid] = line_no
+        queries.append((qid, vector))
+    if not queries:
+        raise InputError(path, None, "no query vectors", "the file is empty")
+    return queries

@@ -9,30 +9,26 @@ which indexes each term as `impact` repeated tokens.
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
-import glob
 import os
 import pickle
 import queue
 import re
-import shutil
 import signal
 import subprocess
-import sys
 import threading
 import time
 import unicodedata
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
-from lsr_index.engines.index import INDEX_MANIFEST, IndexRecord
+from lsr_index.engines.index import IndexRecord
 from lsr_index.engines.lucene.checks import check_index, count_docs, count_postings
 from lsr_index.engines.lucene.jvm import anserini_jar, java_home
 from lsr_index.engines.lucene.writer import MERGE, heap_mb
+from lsr_index.engines.publish import build_published, check_ids
 from lsr_index.errors import LsrIndexError
 from lsr_index.runtime.children import PythonChild, dying_with_this_process, relay
-from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, fsync_directory, os_cause, write_error
+from lsr_index.runtime.durable import write_error
 from lsr_index.runtime.progress import bar, note
 from lsr_index.runtime.threads import host_cores
 from lsr_index.vectors.manifest import Manifest
@@ -44,9 +40,7 @@ from lsr_index.vectors.shards import (
     shown,
     split_ranges,
     term_problem,
-    verify_shards,
 )
-from lsr_index.vectors.unique import repeated_id
 
 BUILDERS = ("direct", "anserini")
 # Each writer has fixed costs (a JVM start, a final flush, its sub-index copied in) that a small share does not
@@ -55,7 +49,6 @@ BUILDERS = ("direct", "anserini")
 # postings, a point between those two. Each writer is a JVM busy on one core, so none beyond the cores available
 # (uncapped, --threads 200 would start 200 JVMs of ~100 MB each).
 _MIN_POSTINGS_PER_WRITER = 7_500_000
-
 
 
 def _stage_input(vectors: Path, manifest: Manifest, staging: Path) -> None:
@@ -86,206 +79,25 @@ def _watch(proc: subprocess.Popen, total: int, progress: bool) -> None:
             elapsed.refresh()
 
 
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths in one atomic step (Linux renameat2 RENAME_EXCHANGE); False where that is unsupported."""
-    import ctypes
-
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    at_fdcwd, rename_exchange = -100, 2
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EPERM):
-        return False
-    raise OSError(err, os.strerror(err), str(b))
-
-
-def _retire(old: Path, index: Path) -> None:
-    """Delete a replaced index generation, unless a search still holds it (a shared flock on the directory):
-    then it waits, hidden next to the index as `.INDEX.retired-PID`, for a later build to remove it."""
-    fd = os.open(old, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        target = index.parent / f".{index.name}.retired-{os.getpid()}"
-        n = 0
-        while target.exists() or target.is_symlink():
-            n += 1
-            target = index.parent / f".{index.name}.retired-{os.getpid()}.{n}"
-        old.rename(target)
-        fsync_directory(index.parent)
-    else:
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        os.close(fd)
-
-
-def _remove_retired(index: Path) -> None:
-    """Remove the replaced generations that no search holds any more."""
-    for old in index.parent.glob(f".{glob.escape(index.name)}.retired-*"):
-        if old.is_symlink() or not old.is_dir():
-            continue
-        try:
-            fd = os.open(old, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            shutil.rmtree(old, ignore_errors=True)
-        except BlockingIOError:
-            pass  # still searched
-        finally:
-            os.close(fd)
-
-
-def _publish(built: Path, index: Path, work: Path) -> None:
-    """Move the finished index into place; an old one is swapped out atomically where Linux allows, then
-    retired (deleted, or kept until its searches end)."""
-    if index.exists() or index.is_symlink():
-        old = built
-        if not _exchange(built, index):  # the old index now sits at `built`, inside `work`
-            old = work / "replaced"
-            index.rename(old)
-            built.rename(index)
-        fsync_directory(index.parent)
-        _retire(old, index)
-    else:
-        built.rename(index)
-        fsync_directory(index.parent)
-
-
-# What a build leaves in an index: Lucene's files (IndexFileNames: segments_N, the segments' `_N…` files, write.lock)
-# and the record. Anything else was put there by someone, and --overwrite would delete it with the old generation.
-_INDEX_FILE = re.compile(r"(pending_)?segments_[0-9a-z]+|_[0-9a-z]+(_.*)?\..*|write\.lock|" + re.escape(INDEX_MANIFEST))
-
-
-def _check_target(vectors: Path, index: Path, overwrite: bool) -> None:
-    """`--overwrite` replaces only an lsr-index index (it has lsr-index.json) or an empty directory, and never
-    the input: a directory that is or contains the vectors, or anything reached through a symbolic link."""
-    if index.is_symlink():
-        raise LsrIndexError(f"{index} is a symbolic link; lsr-index build writes only a directory it creates: "
-                            "point --index at a new path or at the real directory")
-    if not index.exists():
-        return
-    if not overwrite:
-        raise LsrIndexError(f"{index} exists; pass --overwrite to replace it")
-    if not index.is_dir():
-        raise LsrIndexError(f"{index} is not a directory; --overwrite replaces only an index: remove it yourself "
-                            "or choose another --index")
-    real, source = index.resolve(), vectors.resolve()
-    if real == source or real in source.parents:
-        raise LsrIndexError(f"{index} holds the input vectors ({vectors}); --overwrite never replaces them: "
-                            "choose another --index")
-    record = index / INDEX_MANIFEST
-    if not (record.is_file() and not record.is_symlink()) and any(index.iterdir()):
-        raise LsrIndexError(f"{index} is not an lsr-index index (no {INDEX_MANIFEST}) and not empty; --overwrite "
-                            "replaces only an index made by `lsr-index build`: choose another --index")
-    foreign = sorted(p.name for p in index.iterdir() if not (_INDEX_FILE.fullmatch(p.name) and p.is_file()))
-    if foreign:
-        raise LsrIndexError(f"{index} holds {foreign[0]!r}, which lsr-index build did not write; --overwrite would "
-                            "delete it with the old index: move it out, or choose another --index")
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, unwinding the build like Ctrl-C: every `finally` removes what it made."""
-
-
-@contextlib.contextmanager
-def _terminate_unwinds() -> Iterator[None]:
-    """Where SIGTERM would end the process where it stands (its default: the caller set no handler), it unwinds the
-    build instead, then ends the process by SIGTERM all the same, once the work directory is gone. A handler the
-    caller set (the CLI's) is left alone."""
-    if threading.current_thread() is not threading.main_thread() or \
-            signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def terminate(signum, frame) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once: the cleanup must not be cut short by another
-        raise _Terminated
-
-    signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        raise
-    finally:
-        if signal.getsignal(signal.SIGTERM) in (terminate, signal.SIG_IGN):
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def _remove_stale(index: Path) -> None:
-    """Remove the work directories of builds of this index that were killed outright (this build holds the index's
-    lock, so no other build of it runs), each with one line."""
-    pattern = re.compile(re.escape(f".{index.name}.building-") + r"\d+")
-    for stale in index.parent.glob(f".{glob.escape(index.name)}.building-*"):
-        if pattern.fullmatch(stale.name) and stale.is_dir() and not stale.is_symlink():
-            shutil.rmtree(stale, ignore_errors=True)
-            print(f"note: removed {stale}, the work directory of an earlier build of {index} that was killed",
-                  file=sys.stderr)
-
-
-def _check_ids(vectors: Path, manifest: Manifest, progress: bool) -> None:
-    """Refuse ids given twice, before anything is indexed (see vectors.unique)."""
-    try:
-        with bar(progress, total=manifest.docs, unit=" doc", desc="check ids") as checking:
-            twice = repeated_id(vectors, manifest, checking.update)
-    except ShardError as exc:
-        raise LsrIndexError(f"{exc}; nothing was published") from None
-    if twice:
-        raise LsrIndexError(f"{twice}; nothing was published")
-
-
 def build_index(vectors: Path, index: Path, threads: int | None = None, heap: str = "4g",
                 overwrite: bool = False, progress: bool = True, builder: str = "direct") -> IndexRecord:
-    """Index the shards listed in `vectors`' manifest into `index`, published only when complete and verified.
-
-    The work happens in `.INDEX.building-PID` next to the index, under a lock (a second build of the same
-    index is refused); a shared lock on `vectors` keeps `encode` from rewriting the shards meanwhile. A
-    build stopped by SIGINT or SIGTERM removes its work directory before it ends; one killed outright (SIGKILL, a
-    crash) leaves no index (nor anything named like one), and the next build of the same index removes its work
-    directory, saying so. Ids given twice are refused before anything is written. `threads` defaults to the cores
-    this process may use; `heap` is per writer process.
+    """Index the shards listed in `vectors`' manifest into `index`, published only when complete and verified
+    (engines.publish: a work directory beside the index, locks, stopped builds cleaned up). Ids given twice are
+    refused before anything is written. `threads` defaults to the cores this process may use; `heap` is per writer
+    process.
     """
     if builder not in BUILDERS:
         raise LsrIndexError(f"unknown builder {builder!r}: choose one of {', '.join(BUILDERS)}")
     heap_mb(heap)
-    if index.name in ("", ".."):  # `--index .`: its lock and work directory go beside it, not inside it (EBUSY)
-        index = Path(os.path.abspath(index))
-    with _terminate_unwinds(), exclusive_lock(vectors, shared=True):
-        manifest = Manifest.load(vectors)
-        if not manifest.complete:
-            raise LsrIndexError(f"{vectors}: the encoding is incomplete; rerun `lsr-index encode` to finish it")
-        with bar(progress, total=len(manifest.shards), desc="check shards", unit=" shard") as checking:
-            verify_shards(vectors, manifest, checking.update)
-        _check_target(vectors, index, overwrite)
-        try:
-            index.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            raise write_error(index.parent, exc, "create the directory") from exc
-        with exclusive_lock(index.parent, name=f".{index.name}.lock", label=index):
-            _check_target(vectors, index, overwrite)  # the index may have been built since the check above
-            _remove_stale(index)
-            _remove_retired(index)
-            work = index.parent / f".{index.name}.building-{os.getpid()}"
-            try:
-                work.mkdir()
-                return _build(vectors, manifest, index, work, builder, threads, heap, progress)
-            except OSError as exc:
-                raise LsrIndexError(f"building {index}: {os_cause(exc)} (at {exc.filename or work}); nothing "
-                                    "was published") from exc
-            finally:
-                shutil.rmtree(work, ignore_errors=True)
+
+    def make(manifest: Manifest, work: Path) -> tuple[Path, IndexRecord]:
+        return _build(vectors, manifest, index, work, builder, threads, heap, progress)
+
+    return build_published(vectors, index, make, overwrite=overwrite, progress=progress)
 
 
 def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: str, threads: int | None,
-           heap: str, progress: bool) -> IndexRecord:
+           heap: str, progress: bool) -> tuple[Path, IndexRecord]:
     built = work / "index"
     t0 = time.perf_counter()
     if builder == "direct":
@@ -302,11 +114,8 @@ def _build(vectors: Path, manifest: Manifest, index: Path, work: Path, builder: 
         raise LsrIndexError(f"the index holds {docs} documents but the manifest lists {manifest.docs}; "
                             "not publishing it" + (_skipped_by_anserini(vectors, manifest) if builder == "anserini"
                                                    else ""))
-    record = IndexRecord(documents=docs, build_seconds=round(seconds, 2), builder=builder, threads=threads,
-                         writers=writers, heap=heap, vectors=str(vectors.resolve()), vectors_manifest=manifest)
-    atomic_write_bytes(built / INDEX_MANIFEST, record.to_json())
-    _publish(built, index, work)
-    return record
+    return built, IndexRecord(documents=docs, build_seconds=round(seconds, 2), builder=builder, threads=threads,
+                              writers=writers, heap=heap, vectors=str(vectors.resolve()), vectors_manifest=manifest)
 
 
 def _check_postings(vectors: Path, manifest: Manifest, built: Path, expected: int) -> None:
@@ -427,7 +236,7 @@ def _build_direct(vectors: Path, manifest: Manifest, index: Path, work: Path, bu
     writers, finished = _Writers(), False
     try:
         writers.start(len(jobs), heap)  # their JVMs start while the ids are checked
-        _check_ids(vectors, manifest, progress)
+        check_ids(vectors, manifest, progress)
         with bar(progress, total=manifest.docs, unit=" doc",
                  desc=f"index ({len(plans)} writer{'s' if len(plans) > 1 else ''})") as indexing:
             writers.send(jobs)
@@ -491,7 +300,7 @@ def _check_for_anserini(vectors: Path, manifest: Manifest, progress: bool) -> No
 def _build_anserini(vectors: Path, manifest: Manifest, index: Path, work: Path, built: Path, threads: int,
                     heap: str, progress: bool) -> int:
     _check_for_anserini(vectors, manifest, progress)
-    _check_ids(vectors, manifest, progress)
+    check_ids(vectors, manifest, progress)
     _stage_input(vectors, manifest, work / "input")
     log = work / "build.log"
     cmd = [str(java_home() / "bin" / "java"), f"-Xmx{heap}", "-cp", str(anserini_jar()),
