@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -67,16 +68,17 @@ def test_corpus_statistics_equal_an_independent_count(work, splade_tiny):
     assert vocab["coverage"] == pytest.approx(len(df) / splade_tiny.vocab_size, abs=1e-4)
     ranked = sorted(df.items(), key=lambda item: (-item[1], item[0]))[:5]
     assert [(t, n) for t, n, _ in vocab["top_df"]] == ranked
-    assert corpus["truncation"] == {"doc_max_length": 96, **Manifest.load(work / "vectors").truncation}
+    assert corpus["truncation"] == {"doc_max_length": 96, **asdict(Manifest.load(work / "vectors").truncation)}
 
 
 def test_truncation_is_what_the_encoder_counted(work):
     """Sample documents run to ~600 tokens: most are cut at 96, as the encoder counted them shard by shard."""
     manifest = Manifest.load(work / "vectors")
     cut = manifest.truncation
-    assert 0 < cut["documents"] <= 40 and cut["longest_tokens"] > 96 and cut["share"] == cut["documents"] / 40
+    assert 0 < cut.documents <= 40 and cut.longest_tokens > 96 and cut.share == cut.documents / 40
     text = CliRunner().invoke(main, ["-q", "inspect", "--vectors", str(work / "vectors")]).stdout
-    assert f"truncated at doc_max_length: {cut['documents']} documents ({cut['share']:.1%}) at 96 tokens" in text
+    assert f"truncated at doc_max_length: {cut.documents} documents ({cut.share:.1%}) at 96 tokens; the longest had " \
+        f"{cut.longest_tokens:,} tokens" in text
 
 
 def test_documents_show_their_largest_impacts(work):
