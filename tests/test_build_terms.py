@@ -83,7 +83,7 @@ def test_the_direct_builder_indexes_every_term_as_written(tmp_path, fmt):
     docs = hostile_docs(VOCAB)
     write_vectors(tmp_path / "vectors", VOCAB, docs, fmt, shard_docs=40)
     info = build.build_index(tmp_path / "vectors", tmp_path / "index", threads=1, heap="1g", progress=False)
-    assert info["documents"] == len(docs)
+    assert info.documents == len(docs)
     check_searches(tmp_path / "index", VOCAB, docs)
 
 

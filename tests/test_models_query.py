@@ -139,11 +139,13 @@ def _manifest(**query_model) -> dict:
 
 
 def test_the_manifest_reads_its_query_model_or_defaults_to_the_document_model():
+    from dataclasses import asdict
+
     from lsr_index.vectors.manifest import Manifest
 
-    assert Manifest.from_dict(_manifest(), "m.json").query == {"name": "m", "sha256": "0" * 64}
+    assert asdict(Manifest.from_dict(_manifest(), "m.json").query) == {"name": "m", "sha256": "0" * 64}
     record = {"name": "q", "sha256": "1" * 64, "kind": "token_weights", "vocab_sha256": "2" * 64}
-    assert Manifest.from_dict(_manifest(query_model=record), "m.json").query == record
+    assert asdict(Manifest.from_dict(_manifest(query_model=record), "m.json").query) == record
     for bad, message in [({**record, "kind": "onnx"}, "'query_model.kind' must be one of splade, token_weights"),
                          ({"name": "q"}, "'query_model' must be an object with exactly name, sha256, kind"),
                          ({**record, "sha256": 5}, "'query_model' values must be strings"),
