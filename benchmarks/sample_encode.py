@@ -19,6 +19,7 @@ import collections
 import contextlib
 import os
 import shlex
+import signal
 import sys
 import tempfile
 import threading
@@ -117,9 +118,14 @@ def sample_cli(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         from lsr_index.cli import main as cli
 
+        # a command sets its own Ctrl-C and SIGTERM handlers, and ignores both once its output is complete: the
+        # report after it is this script's, and stoppable
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             cli.main(shlex.split(args.cli), prog_name="lsr-index", standalone_mode=False)
         finally:
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
             print(f"lsr-index {args.cli}: {time.perf_counter() - t0:.1f} s from before the first import", flush=True)
     sampler.report(args.top, args.window, tuple(args.threads.split(",")))
 

@@ -75,17 +75,25 @@ def end_stopped(message: str, *, exit_handlers: bool = True) -> NoReturn:
 @contextlib.contextmanager
 def signals_settled() -> Iterator[None]:
     """Ctrl-C and SIGTERM held back while the output is marked complete, then ignored: once complete, a signal has
-    nothing left to stop, and saying "rerun to continue" would be wrong. A signal that came meanwhile is dropped."""
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    nothing left to stop, and saying "rerun to continue" would be wrong. A signal that came meanwhile is dropped, or
+    handled as before if marking failed.
+
+    Held by handlers that only note the signal, not by a signal mask: a mask is the calling thread's, and the kernel
+    hands a process's signal to any thread that does not block it (a publisher's, a progress bar's), whose arrival
+    then runs the Python handler in the main thread all the same."""
+    noted: list[int] = []
+    previous = {signum: signal.signal(signum, lambda number, frame: noted.append(number))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in noted[:1]:
+            signal.raise_signal(signum)  # its handler's KeyboardInterrupt takes the place of the failure
         raise
-    for signum in held:
-        signal.signal(signum, signal.SIG_IGN)  # discards one pending while blocked
-    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    for signum in previous:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def friendly_errors(fn: Callable) -> Callable:

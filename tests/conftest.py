@@ -28,6 +28,8 @@ def pytest_configure(config: pytest.Config) -> None:
     # a suite started in the background of a script inherits SIGINT ignored, and so would every process a test
     # starts: the Ctrl-C tests would then interrupt nothing. With a handler here, started processes get the default
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_IGN:  # likewise: the SIGTERM tests need it to end a process
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         # pytest-xdist runs a test process per core: each, and the CLI processes it starts, computes on one thread.
         # Two-thread matmuls in two processes on two cores wait on each other's descheduled threads at every

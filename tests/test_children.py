@@ -70,6 +70,25 @@ def test_terminate_kill_and_wait_behave_as_a_started_childs():
     child.close()  # again: nothing left to do
 
 
+@pytest.mark.parametrize("fork", [True, False], ids=["forked", "new-interpreter"])
+def test_a_child_ends_on_terminate_even_where_sigterm_came_in_ignored(fork):
+    """A parent started with SIGTERM ignored (a CI runner, a wrapper script) passes that on to every child; its
+    children must still end on the parent's terminate, not wait out close()'s grace period and a SIGKILL."""
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        child = PythonChild("test_children:echo_main", "a child", fork=fork)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    try:
+        pickle.dump(None, child.stdin)
+        child.stdin.flush()
+        assert pickle.load(child.messages)[0] == "echo"  # past its start: its entry is running
+        child.process.terminate()
+        assert child.exit_code(120) == -signal.SIGTERM
+    finally:
+        child.close()
+
+
 KILLED_PARENT = textwrap.dedent("""
     import pickle, sys, time
     sys.path.insert(0, sys.argv[1])

@@ -48,9 +48,12 @@ def test_an_encode_pinned_to_one_core_runs_one_thread(tmp_path):
 
 @pytest.mark.parametrize("how", ["option", "environment"])
 def test_threads_given_are_the_threads_torch_runs(tmp_path, monkeypatch, how):
+    """OpenMP keeps a thread count per thread: the thread that encodes runs the threads given, whatever OpenMP work
+    it did before."""
     import torch
 
     before = torch.get_num_threads()
+    torch.set_num_threads(before)  # this thread holds its own OpenMP thread count before the command runs
     out = tmp_path / "v"
     if how == "environment":
         monkeypatch.setenv("LSR_INDEX_THREADS", "1")

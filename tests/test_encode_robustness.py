@@ -675,6 +675,37 @@ def test_ctrl_c_once_the_encoding_is_complete_prints_no_traceback(tmp_path):
     assert "Traceback" not in err and "Exception ignored" not in err, err
 
 
+SETTLING = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    from lsr_index import cli
+    cli.terminate_as_interrupt()
+    threading.Thread(target=time.sleep, args=(60,), daemon=True).start()  # a thread that may receive the signal
+    fail = sys.argv[1] == "fail"
+    try:
+        with cli.signals_settled():
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)
+            if fail:
+                raise OSError("the manifest could not be written")
+            print("marked complete", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)
+        print("nothing left to stop", flush=True)
+    except KeyboardInterrupt:
+        print("stopped by", signal.Signals(cli._RECEIVED[0]).name, flush=True)
+""")
+
+
+@pytest.mark.parametrize(("how", "said"), [("complete", ["marked complete", "nothing left to stop"]),
+                                            ("fail", ["stopped by SIGTERM"])])
+def test_a_signal_while_the_output_is_marked_complete_waits_then_is_dropped(how, said):
+    """Held while the manifest is marked complete, whichever thread the kernel hands the signal to, then dropped; if
+    marking fails, the signal stops the command as it would have."""
+    run = subprocess.run([sys.executable, "-c", SETTLING, how], capture_output=True, text=True, timeout=300)
+    assert run.stdout.splitlines() == said and run.returncode == 0, (run.stdout, run.stderr)
+
+
 def test_a_stopped_command_ends_with_its_status_under_python_m(tmp_path):
     """Under `python -m`, a SIGTERM landing in code run from a string (the dataclasses the imports make) can leave
     CPython's "unhandled Ctrl-C" mark set: the process would print its message, then kill itself with SIGINT (status

@@ -133,10 +133,12 @@ class ShardEncoder:
     def encoder(self):
         """The SpladeEncoder, once the model has loaded (its loading error, if it failed)."""
         encoder = self._encoder.result()
-        if self.device.startswith("cuda"):
-            import torch
+        import torch
 
+        if self.device.startswith("cuda"):
             torch.cuda.set_device(self.device)  # Triton launches on the calling thread's current device
+        else:  # OpenMP keeps a thread count per thread: the load's setting does not reach the thread that encodes
+            torch.set_num_threads(self.cores)
         return encoder
 
     def close(self) -> None:

@@ -37,7 +37,8 @@ def end_with_stdin() -> None:
 # script without a main guard would run itself again in each.
 # -P: no current directory on the path, where a user's struct.py would shadow the standard library's.
 _BOOT = """
-import os, pickle, sys
+import os, pickle, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent ends it so, even where SIGTERM came in ignored
 out = os.fdopen(int(sys.argv[1]), "wb")
 try:
     sys.path[:] = pickle.load(sys.stdin.buffer)
@@ -292,6 +293,7 @@ def _forked_main(entry: str, what: str, stdin: int, out: int, mask: set[signal.S
         for number in signal.valid_signals():  # the caller's Python handlers are not this child's
             if number not in (signal.SIGKILL, signal.SIGSTOP) and callable(signal.getsignal(number)):
                 signal.signal(number, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent ends it so, even where its own was ignored
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent's to handle; the entry sets its own
         os.setpgid(0, 0)
         # a terminal's stop signal held back since the fork would now stop this child in a group the shell does not
