@@ -31,7 +31,8 @@ OPEN_LOW = {"centroid_fraction", "summary_energy"}
 # what each knob does, for the command line's --help
 HELP = {
     "n_postings": "Postings each term's inverted list keeps on average (its highest impacts): more is more "
-                  "accurate, larger and slower to build.",
+                  "accurate, larger and slower to build. Raise it for a million documents or more (measured: 3000 "
+                  "with --centroid-fraction 0.05 at 1M; docs/engines.md).",
     "centroid_fraction": "Blocks a list is clustered into, as a fraction of its postings.",
     "summary_energy": "Share of a block's L1 mass its summary vector keeps: more skips blocks more surely.",
     "max_fraction": "One term's list holds at most this many times n_postings postings.",
