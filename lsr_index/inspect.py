@@ -92,7 +92,7 @@ def queries(index: Path, texts: Sequence[str], top: int, model: str | None, devi
     vectors = encode_queries(encoder, quantization, numbered, manifest.encoder.query_max_length)
     out = []
     for text, (_, vector) in zip(texts, vectors):
-        own = set(encoder.model.tokenizer.tokenize(text))
+        own = set(encoder.model.tokenizer.encode(text, add_special_tokens=False).tokens)
         out.append({"query": text, "model": manifest.query.name, "terms": len(vector),
                     "expansion_terms": sum(term not in own for term in vector),
                     "top": [(term, impact, term in own) for term, impact in _top(vector, top)]})

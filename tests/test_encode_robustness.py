@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from cli_runner import kept_line, run_cli
 from procs import alive
+from transformers import AutoTokenizer
 
 from lsr_index.encode import plan as encode_module
 from lsr_index.encode.job import EncodeJob, EncodeOptions, input_digest
@@ -356,7 +357,7 @@ def test_truncated_documents_are_counted_and_the_longest_measured(tmp_path, spla
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(r) + "\n" for r in records))
     manifest = encode(corpus, tmp_path / "v", doc_max_length=64, shard_docs=16)
-    tokenizer = splade_tiny.tokenizer
+    tokenizer = AutoTokenizer.from_pretrained(splade_tiny.path)
     lengths = [len(tokenizer(r["text"][:64 * 100])["input_ids"]) for r in records]
     assert asdict(manifest.truncation) == {"documents": sum(n > 64 for n in lengths),
                                            "share": round(sum(n > 64 for n in lengths) / len(records), 6),

@@ -6,6 +6,7 @@ import shutil
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.model.files import identity
@@ -19,14 +20,15 @@ def test_embedded_model_is_verified_and_cached(splade_tiny):
     assert sha256_file(splade_tiny.path / "model.safetensors") == EMBEDDED["splade-tiny"].sha256
     assert splade_tiny.weight.shape == (30522, 128) and splade_tiny.bias.shape == (30522,)
     assert locate("splade-tiny") == splade_tiny.path  # found in the cache, not fetched again
-    assert splade_tiny.vocab[splade_tiny.tokenizer.convert_tokens_to_ids("protein")] == "protein"
+    assert splade_tiny.vocab[splade_tiny.tokenizer.token_to_id("protein")] == "protein"
 
 
 def test_body_plus_head_equals_the_masked_lm(splade_tiny):
     from transformers import AutoModelForMaskedLM
 
     reference = AutoModelForMaskedLM.from_pretrained(splade_tiny.path, use_safetensors=True).eval()
-    batch = splade_tiny.tokenizer(["a protein binds the receptor", "x"], return_tensors="pt", padding=True)
+    batch = AutoTokenizer.from_pretrained(splade_tiny.path)(["a protein binds the receptor", "x"], return_tensors="pt",
+                                                            padding=True)
     with torch.no_grad():
         expected = reference(**batch).logits
         hidden = splade_tiny.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits

@@ -7,13 +7,16 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
 from cli_runner import run_cli
+from transformers import AutoTokenizer
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.model.files import identity, identity_files
+from lsr_index.model.files import cache_root, identity, identity_files
 from lsr_index.model.load import load_model
 from lsr_index.model.ref import ModelRef
 
@@ -75,13 +78,74 @@ def test_a_same_size_edit_with_its_time_set_back_changes_the_identity(tiny_copy)
 
 def test_a_reference_loads_its_tokenizer_once_and_hands_out_fresh_term_lists(tiny_copy):
     model = ModelRef.resolve(str(tiny_copy))
-    first = model.tokenizer()
-    assert model.tokenizer() is first  # the manifest's record, then the encoder: one read
+    first = model.backend()
+    assert model.backend() is first  # the manifest's record, then the encoder: one read
     terms, holes = model.terms()
     terms[0] = "changed by a caller"
-    assert model.terms() == ([*first.convert_ids_to_tokens(list(range(len(first))))], holes)
+    hf = AutoTokenizer.from_pretrained(tiny_copy)
+    assert model.terms() == ([*hf.convert_ids_to_tokens(list(range(len(hf))))], holes)
     again = pickle.loads(pickle.dumps(model))  # a worker's copy loads its own
-    assert again.sha256 == model.sha256 and again.tokenizer() is not first
+    assert again.sha256 == model.sha256 and again.backend() is not first
+
+
+def _cache_entries() -> list:
+    return sorted((cache_root() / "tokenizers").glob("*.json"))
+
+
+def test_the_cached_tokenizer_is_the_one_transformers_builds(tiny_copy):
+    """What a command reads back from the cache is transformers' own Rust tokenizer, byte for byte, with its padding
+    id; the entry is named by the model's identity and the versions that built it."""
+    (tiny_copy / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "pad_token": "[PAD]"}))
+    built = ModelRef.resolve(str(tiny_copy)).backend()  # not cached yet: built through transformers
+    model = ModelRef.resolve(str(tiny_copy))
+    entry, = [e for e in _cache_entries() if e.name.startswith(model.sha256)]
+    assert "transformers-" in entry.name and "tokenizers-" in entry.name
+    cached = model.backend()
+    hf = AutoTokenizer.from_pretrained(tiny_copy)
+    assert cached.tokenizer.to_str() == built.tokenizer.to_str() == hf.backend_tokenizer.to_str()
+    assert cached.pad_id == hf.pad_token_id == 0
+    text = "Ünïcode TEXT, with   spaces and a protein-binding site"
+    assert cached.tokenizer.encode(text).ids == hf(text)["input_ids"]
+
+
+def test_a_damaged_cache_entry_is_built_again_and_a_read_only_cache_only_costs_time(tiny_copy, tmp_path,
+                                                                                    monkeypatch):
+    model = ModelRef.resolve(str(tiny_copy))
+    expected = model.backend().tokenizer.to_str()
+    entry, = [e for e in _cache_entries() if e.name.startswith(model.sha256)]
+    entry.write_text('{"tokenizer": "{\\"version\\": ')  # cut short, as by a full disk
+    assert ModelRef.resolve(str(tiny_copy)).backend().tokenizer.to_str() == expected
+    assert json.loads(entry.read_text())["tokenizer"] == expected  # replaced whole
+    read_only = tmp_path / "read-only-cache"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    monkeypatch.setenv("LSR_INDEX_CACHE", str(read_only))
+    try:
+        assert ModelRef.resolve(str(tiny_copy)).backend().tokenizer.to_str() == expected
+        assert os.getuid() == 0 or not any(read_only.iterdir())
+    finally:
+        read_only.chmod(0o700)
+
+
+def test_planning_an_output_with_a_cached_tokenizer_does_not_import_transformers(tiny_copy, tmp_path):
+    """transformers' import alone takes seconds on a slow file system: planning (the vocabulary, the manifest's
+    record of the query model) reads the cached tokenizer instead."""
+    ModelRef.resolve(str(tiny_copy)).backend()  # the cache entry, as an earlier command leaves it
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"id": "1", "text": "a protein"}\n')
+    script = f"""
+import sys
+from lsr_index.encode.job import EncodeJob, EncodeOptions
+from lsr_index.encode.plan import fresh_manifest
+from lsr_index.model.ref import ModelRef
+job = EncodeJob(inputs=({str(corpus)!r},), model=ModelRef.resolve({str(tiny_copy)!r}), options=EncodeOptions())
+manifest = fresh_manifest(job)
+assert len(ModelRef.resolve({str(tiny_copy)!r}).terms()[0]) == 30522
+print(sorted(m for m in sys.modules if m.split(".")[0] == "transformers"))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
 
 
 def test_identity_covers_sentence_transformers_modules(tiny_copy):
@@ -115,7 +179,7 @@ def test_pickled_state_dict_loads_through_the_restricted_loader(splade_tiny, tin
     model = load_model(str(tiny_copy))
     assert "torch.load(weights_only=True)" in capfd.readouterr().err
     assert torch.equal(model.weight, splade_tiny.weight) and torch.equal(model.bias, splade_tiny.bias)
-    ids = splade_tiny.tokenizer(["a protein binds"], return_tensors="pt")
+    ids = AutoTokenizer.from_pretrained(splade_tiny.path)(["a protein binds"], return_tensors="pt")
     with torch.no_grad():
         torch.testing.assert_close(model.body(**ids).logits, splade_tiny.body(**ids).logits)
 

@@ -82,12 +82,12 @@ class ShardEncoder:
 
     def _setup(self, job: EncodeJob, device: str, cores: int) -> None:
         self.model = model = job.model.here()
-        tokenizer = model.tokenizer()
+        tokenizer = model.backend()
         vocab = model.terms()[0]  # what the model's vocabulary will be: its tokenizer's terms
         check_vocab(vocab)
         self.job, self.device, self.cores, self.loaded_at = job, device, cores, 0.0
         self.vocab = np.array(vocab, dtype=object)
-        self.tokenizer = TextTokenizer(tokenizer)
+        self.tokenizer = TextTokenizer(tokenizer.tokenizer)
         self._encoder: Future = Future()
         threading.Thread(target=self._load, args=(tokenizer,), name="model-load", daemon=True).start()
         # a GPU outpaces the JSON/gzip serialization of its vectors: half its host cores serialize beside it, in

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from lsr_index.errors import LsrIndexError
 from lsr_index.model.files import read_state_dict
-from lsr_index.model.ref import DEFAULT_MODEL, ModelRef, first_line
+from lsr_index.model.ref import DEFAULT_MODEL, ModelRef, TokenizerRecord, first_line
 from lsr_index.model.tokens import tokenizer_terms
 
 if TYPE_CHECKING:
@@ -32,7 +32,8 @@ class SpladeModel:
     name: str
     path: Path
     sha256: str  # the model's identity (ModelRef.sha256): weights, configs, tokenizer
-    tokenizer: object
+    tokenizer: object  # its Rust tokenizer (ModelRef.backend)
+    pad_id: int  # the id a padded batch fills its padding with
     body: torch.nn.Module  # input_ids, attention_mask -> [B, L, H] hidden states after the MLM transform
     weight: torch.Tensor  # [V, H] decoder weight
     bias: torch.Tensor  # [V] decoder bias, float32
@@ -46,17 +47,12 @@ class SpladeModel:
     def vocab_size(self) -> int:
         return self.weight.shape[0]
 
-    @property
-    def pad_id(self) -> int:
-        """The id a padded batch fills its padding with."""
-        return self.tokenizer.pad_token_id or 0
-
 
 def load_model(model: str | ModelRef = DEFAULT_MODEL, device: str = "cpu", dtype: torch.dtype | None = None,
-               tokenizer: object | None = None) -> SpladeModel:
+               tokenizer: TokenizerRecord | None = None) -> SpladeModel:
     """A masked-LM directory (BERT, DistilBERT, RoBERTa, XLM-R, ModernBERT, any family transformers has a
     masked-LM class for) or a sentence-transformers SparseEncoder directory, split into body and head.
-    `tokenizer`: the model's, if the caller has it already (ModelRef.tokenizer)."""
+    `tokenizer`: the model's, if the caller has it already (ModelRef.backend)."""
     import torch
     from transformers.utils import logging as hf_logging
 
@@ -66,7 +62,7 @@ def load_model(model: str | ModelRef = DEFAULT_MODEL, device: str = "cpu", dtype
     ref = ModelRef.resolve(model).here()
     path, layout, mlm_dir = ref.path, ref.layout, ref.mlm_dir
     hf_logging.disable_progress_bar()
-    tokenizer = tokenizer or ref.tokenizer()
+    tokenizer = tokenizer or ref.backend()
     mlm = _masked_lm(mlm_dir, dtype or torch.float32)
     decoder = mlm.get_output_embeddings()
     if not isinstance(decoder, torch.nn.Linear):
@@ -78,10 +74,10 @@ def load_model(model: str | ModelRef = DEFAULT_MODEL, device: str = "cpu", dtype
     packed = packed_body.packs(mlm, device, dtype or torch.float32)
     if packed:
         packed_body.pack(mlm)
-    terms = ref.terms() if tokenizer is ref.tokenizer() else tokenizer_terms(tokenizer)
+    terms = ref.terms() if tokenizer is ref.backend() else tokenizer_terms(tokenizer.tokenizer)
     vocab, weight, bias = _align_vocab(mlm_dir, terms, weight, bias)
     model = SpladeModel(name=ref.name if ref.embedded else str(path), path=path, sha256=ref.sha256,
-                        tokenizer=tokenizer, body=mlm, weight=weight.to(device), vocab=vocab,
+                        tokenizer=tokenizer.tokenizer, pad_id=tokenizer.pad_id, body=mlm, weight=weight.to(device), vocab=vocab,
                         bias=bias.to(device=device, dtype=torch.float32),
                         pooling=layout.pooling if layout else "max",
                         activation=layout.activation if layout else "log1p_relu", packed=packed)

@@ -24,7 +24,7 @@ from lsr_index.model.files import (
     identity,
     sentence_transformers_layout,
 )
-from lsr_index.runtime.durable import sha256_file
+from lsr_index.runtime.durable import atomic_write_bytes, sha256_file
 
 DEFAULT_MODEL = "splade-tiny"
 WEIGHTS_FILE = "model.safetensors"
@@ -102,11 +102,22 @@ class ModelRef:
         return self.layout.mlm if self.layout else self.path
 
     def tokenizer(self):
-        """The tokenizer the model's documents go through, loaded once for this reference (callers must not modify
-        it): the manifest's vocabulary check and the encoder share it."""
+        """The model's transformers tokenizer, loaded once for this reference (callers must not modify it); what
+        documents and queries go through is its Rust tokenizer (`backend`)."""
         if "tokenizer" not in self._loaded:
             self._loaded["tokenizer"] = read_tokenizer(self.mlm_dir)
         return self._loaded["tokenizer"]
+
+    def backend(self) -> TokenizerRecord:
+        """The Rust tokenizer the model's documents and queries go through, exactly as transformers builds it from
+        the model's files, and its padding id; loaded once for this reference (callers must not modify it).
+
+        Building it means importing transformers, seconds on a cold or slow file system for every command that plans
+        an output or encodes a query: the result is kept in the cache (`tokenizer_record`), keyed by the model's
+        identity and the versions that build it, and read back in milliseconds without transformers."""
+        if "backend" not in self._loaded:
+            self._loaded["backend"] = tokenizer_record(self)
+        return self._loaded["backend"]
 
     def terms(self) -> tuple[list[str], list[int]]:
         """The model's vocabulary as its tokenizer gives it (model.tokens.tokenizer_terms), made once for this
@@ -115,7 +126,7 @@ class ModelRef:
         if "terms" not in self._loaded:
             from lsr_index.model.tokens import tokenizer_terms
 
-            self._loaded["terms"] = tokenizer_terms(self.tokenizer())
+            self._loaded["terms"] = tokenizer_terms(self.backend().tokenizer)
         terms, holes = self._loaded["terms"]
         return list(terms), list(holes)
 
@@ -201,6 +212,40 @@ def _length(config: dict, key: str, path: Path) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 2:
         raise LsrIndexError(f"{path}: {key} must be a whole number of tokens of at least 2, got {value!r}")
     return value
+
+
+@dataclass(frozen=True)
+class TokenizerRecord:
+    """A model's Rust tokenizer (tokenizers.Tokenizer) and the id its padded batches are filled with."""
+
+    tokenizer: object
+    pad_id: int
+
+
+def tokenizer_record(model: ModelRef) -> TokenizerRecord:
+    """The model's Rust tokenizer as transformers builds it, from the cache when an earlier command built it with the
+    same transformers and tokenizers, else built now and cached. The cache entry is the tokenizer's own JSON, so what
+    is read back is the very tokenizer transformers made; an unreadable entry is built again, and a cache that cannot
+    be written only costs the next command the build."""
+    from importlib.metadata import version
+
+    from tokenizers import Tokenizer
+
+    versions = f"transformers-{version('transformers')}-tokenizers-{version('tokenizers')}"
+    entry = cache_root() / "tokenizers" / f"{model.sha256}-{versions}.json"
+    try:
+        saved = json.loads(entry.read_text(encoding="utf-8"))
+        return TokenizerRecord(Tokenizer.from_str(saved["tokenizer"]), int(saved["pad_id"]))
+    except Exception:  # absent, or not a tokenizer this version reads: built again
+        pass
+    built = model.tokenizer()
+    record = TokenizerRecord(built.backend_tokenizer, built.pad_token_id or 0)
+    try:
+        atomic_write_bytes(entry, json.dumps({"tokenizer": record.tokenizer.to_str(), "pad_id": record.pad_id},
+                                             ensure_ascii=False).encode())
+    except (LsrIndexError, OSError):
+        pass  # a read-only cache: the next command builds it again
+    return record
 
 
 def read_tokenizer(path: Path):
