@@ -35,6 +35,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from host_use import HostUse  # noqa: E402
 from provenance import csv_line, png_metadata, provenance, with_provenance  # noqa: E402
 
 PROVENANCE = provenance()  # before CUDA is initialized: read from nvidia-smi
@@ -283,9 +284,13 @@ def run_lsr_index_fresh(model_dir: Path, corpus: Path, out: Path, devices: tuple
     args = {"model_dir": str(model_dir), "corpus": str(corpus), "out": str(out), "devices": list(devices),
             "dtype": dtype, "max_tokens": max_tokens}
     # -P: the tree on PYTHONPATH, not a checkout in the working directory (ab_trees.py --fresh runs two trees)
-    run = subprocess.run([sys.executable, "-P", "-c", _FRESH, str(Path(__file__).parent), json.dumps(args)],
-                         stdout=subprocess.PIPE, text=True, check=True)
-    return json.loads(run.stdout.rsplit("RESULT ", 1)[1])
+    run = subprocess.Popen([sys.executable, "-P", "-c", _FRESH, str(Path(__file__).parent), json.dumps(args)],
+                           stdout=subprocess.PIPE, text=True)
+    with HostUse(run.pid) as use:
+        stdout, _ = run.communicate()
+    if run.returncode:
+        raise RuntimeError(f"lsr-index on {', '.join(devices)} failed ({run.returncode})")
+    return {**json.loads(stdout.rsplit("RESULT ", 1)[1]), "host_use": use.summary()}
 
 
 def run_cli(corpus: Path, out: Path, gpus: int) -> dict:
@@ -296,21 +301,24 @@ def run_cli(corpus: Path, out: Path, gpus: int) -> dict:
 
     env = {**os.environ, "LSR_INDEX_TIMELINE": "1", "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "lsr_index", "-q", "encode", str(corpus), "-o", str(out),
-                           "--overwrite"], capture_output=True, text=True, env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "lsr_index", "-q", "encode", str(corpus), "-o", str(out),
+                             "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    with HostUse(proc.pid) as use:
+        stdout, stderr = proc.communicate()
     seconds = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise RuntimeError(f"lsr-index encode failed ({done.returncode}): {done.stderr[-2000:]}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"lsr-index encode failed ({proc.returncode}): {stderr[-2000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
     stats = manifest["stats"]
     started = max((w["startup_seconds"] for w in stats["per_worker"] if w["docs"]), default=0.0)
-    timeline = [(float(m[1]), m[2]) for m in re.finditer(r"timeline ([\d.]+) s: (.*)", done.stderr)]
+    timeline = [(float(m[1]), m[2]) for m in re.finditer(r"timeline ([\d.]+) s: (.*)", stderr)]
     shutil.rmtree(out)
     return {"docs": manifest["docs"], "seconds": seconds, "encode_seconds": stats["seconds"],
             "docs_per_second_encode_clock": stats["docs_per_second"],
             "docs_per_second_after_startup": round(stats["docs_this_run"] / max(stats["seconds"] - started, 1e-9), 1),
             "startup_seconds": started, "units": stats.get("units"),
-            "per_worker": stats["per_worker"], "timeline": timeline, "summary": done.stdout.strip()}
+            "per_worker": stats["per_worker"], "timeline": timeline, "summary": stdout.strip(),
+            "host_use": use.summary()}
 
 
 # ---------------------------------------------------------------- driver
@@ -377,6 +385,10 @@ def main() -> None:
                           f"{w['docs_per_second_after_startup']:,.0f} docs/s" for w in row.get("per_worker", []))
         print(f"{workload:>10} {model:>10} {system:<34} {row['docs_per_second']:>10,.0f} docs/s  "
               f"peak GPU {row.get('peak_gpu_gb')} GB{workers}", flush=True)
+        if use := row.get("host_use"):
+            roles = ", ".join(f"{name} x{r['processes']} {r['cores_busy']} cores (busiest thread {r['busiest_thread']})"
+                              for name, r in sorted(use["roles"].items()))
+            print(f"{'':>10} host: {roles}; GPUs busy {use['gpus']} %", flush=True)
 
     def compare(workload: str, model: str, model_dir: Path, corpus: Path, texts: list[str], peers: bool = True,
                 st_batches: tuple[int, ...] = (64, 256), n_peers: int = n_peer, plain_batch: int = 256) -> None:

@@ -83,7 +83,8 @@ def test_queries_cut_at_the_index_query_length_are_reported(splade_tiny, judged_
     from lsr_index.search import search
 
     queries = read_queries(SAMPLE / "queries.tsv")
-    lengths = [len(ids) for ids in AutoTokenizer.from_pretrained(splade_tiny.path)([text for _, text in queries])["input_ids"]]
+    tokenizer = AutoTokenizer.from_pretrained(splade_tiny.path)
+    lengths = [len(ids) for ids in tokenizer([text for _, text in queries])["input_ids"]]
     assert max(lengths) <= 64  # the judged index keeps every sample query whole: nothing to say
     said: list[str] = []
     search(judged_index[0], queries, hits=10, notice=said.append)

@@ -77,7 +77,8 @@ def load_model(model: str | ModelRef = DEFAULT_MODEL, device: str = "cpu", dtype
     terms = ref.terms() if tokenizer is ref.backend() else tokenizer_terms(tokenizer.tokenizer)
     vocab, weight, bias = _align_vocab(mlm_dir, terms, weight, bias)
     model = SpladeModel(name=ref.name if ref.embedded else str(path), path=path, sha256=ref.sha256,
-                        tokenizer=tokenizer.tokenizer, pad_id=tokenizer.pad_id, body=mlm, weight=weight.to(device), vocab=vocab,
+                        tokenizer=tokenizer.tokenizer, pad_id=tokenizer.pad_id, body=mlm, weight=weight.to(device),
+                        vocab=vocab,
                         bias=bias.to(device=device, dtype=torch.float32),
                         pooling=layout.pooling if layout else "max",
                         activation=layout.activation if layout else "log1p_relu", packed=packed)

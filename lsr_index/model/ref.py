@@ -9,6 +9,7 @@ without installing or executing anything), unpacked with zipfile, checksummed an
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -240,11 +241,9 @@ def tokenizer_record(model: ModelRef) -> TokenizerRecord:
         pass
     built = model.tokenizer()
     record = TokenizerRecord(built.backend_tokenizer, built.pad_token_id or 0)
-    try:
+    with contextlib.suppress(LsrIndexError, OSError):  # a read-only cache: the next command builds it again
         atomic_write_bytes(entry, json.dumps({"tokenizer": record.tokenizer.to_str(), "pad_id": record.pad_id},
                                              ensure_ascii=False).encode())
-    except (LsrIndexError, OSError):
-        pass  # a read-only cache: the next command builds it again
     return record
 
 
