@@ -7,6 +7,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from lsr_index.model.encoder import SpladeEncoder, length_buckets
 from lsr_index.model.tokens import _restore
@@ -20,7 +21,8 @@ TEXTS = ["Alpha-synuclein aggregates in neurons of patients with Parkinson's dis
 
 def literal_splade(model, texts: list[str], max_length: int) -> torch.Tensor:
     """As SPLADE, Pyserini and sentence-transformers compute it: full logits, log1p(relu), mask, max."""
-    batch = model.tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+    tokenizer = AutoTokenizer.from_pretrained(model.path)
+    batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
     with torch.no_grad():
         hidden = model.body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         logits = hidden.double() @ model.weight.double().T + model.bias.double()
@@ -45,18 +47,19 @@ def test_max_length_truncates(splade_tiny):
 
 def test_fast_tokenization_equals_the_transformers_tokenizer(splade_tiny):
     encoder = SpladeEncoder(splade_tiny)
+    hf = AutoTokenizer.from_pretrained(splade_tiny.path)
     for max_length in (16, 64, 512):
         tokens = encoder.tokenize(TEXTS, max_length)
-        expected = splade_tiny.tokenizer(TEXTS, truncation=True, max_length=max_length)["input_ids"]
+        expected = hf(TEXTS, truncation=True, max_length=max_length)["input_ids"]
         assert [tokens.ids[a:b].tolist() for a, b in zip(tokens.offsets[:-1], tokens.offsets[1:])] == expected
         order = np.array([3, 0, 2])
         assert tokens.gather(order).tolist() == [t for i in order for t in expected[i]]
 
 
 def test_tokenizing_leaves_the_shared_tokenizer_as_it_was(splade_tiny):
-    """The encoder tokenizes through the transformers tokenizer's own Rust tokenizer, setting its truncation and
-    padding for the call: they are put back, so the tokenizer's other users (transformers' own calls) see no change."""
-    backend = splade_tiny.tokenizer.backend_tokenizer
+    """The encoder tokenizes through the model's Rust tokenizer, setting its truncation and padding for the call: they
+    are put back, so the tokenizer's other users see no change."""
+    backend = splade_tiny.tokenizer
     shared = backend.truncation, backend.padding  # the model every test shares: left as found
     backend.enable_truncation(40, stride=3)
     backend.enable_padding(pad_id=0, pad_token="[PAD]", length=50)

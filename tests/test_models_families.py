@@ -79,6 +79,54 @@ def test_family_packed_body_equals_the_full_masked_lm(kind, tmp_path):
         packed_model.body(input_ids=torch.tensor([[5, 6, 7]]))
 
 
+@pytest.mark.parametrize("kind, changes", [
+    ("bert", {"hidden_act": "gelu_new"}), ("bert", {"hidden_act": "relu", "type_vocab_size": 1}),
+    ("roberta", {"hidden_act": "gelu_pytorch_tanh", "layer_norm_eps": 1e-5}), ("xlm-roberta", {"hidden_act": "silu"}),
+    ("distilbert", {"activation": "relu"}),
+])
+def test_the_family_module_runs_each_variant_as_transformers_does(kind, changes, tmp_path):
+    """model.family runs BERT, RoBERTa, XLM-R and DistilBERT itself: each activation and setting it reads gives
+    transformers' own full forward, padded and packed (RoBERTa's head keeps its GELU whatever the body's)."""
+    path, mlm, tokenizer = save_masked_lm(kind, tmp_path, pickled=False, seed=4, **changes)
+    model = load_model(str(path))
+    assert type(model.body).__name__ == "FamilyMaskedLM"
+    expected = reference_weights(mlm, tokenizer, TEXTS, 24)
+    got = SpladeEncoder(model, max_tokens=40, backend="torch").encode(TEXTS, max_length=24)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+    packed.pack(model.body)
+    got = SpladeEncoder(dataclasses.replace(model, packed=True), max_tokens=40, backend="torch").encode(TEXTS, 24)
+    torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind, changes", [
+    ("bert", {"position_embedding_type": "relative_key"}), ("bert", {"hidden_act": "quick_gelu"}),
+    ("distilbert", {"sinusoidal_pos_embds": True}), ("roberta", {"is_decoder": True}),
+])
+def test_what_the_family_module_does_not_run_transformers_builds(kind, changes, tmp_path):
+    path, mlm, tokenizer = save_masked_lm(kind, tmp_path, pickled=False, seed=5, **changes)
+    model = load_model(str(path))
+    assert type(model.body).__module__.startswith("transformers.")
+    got = SpladeEncoder(model, max_tokens=40, backend="torch").encode(TEXTS, max_length=24)
+    torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, TEXTS, 24), rtol=1e-4, atol=1e-4)
+
+
+def test_a_bert_family_model_loads_and_encodes_without_importing_transformers(tmp_path):
+    """transformers' import costs each encoding or searching process seconds: the family's models never pay it."""
+    path, _, _ = save_masked_lm("roberta", tmp_path, pickled=True)
+    ModelRef.resolve(str(path)).backend()  # the tokenizer's cache entry, as the command that plans a run leaves it
+    script = f"""
+import sys
+from lsr_index.model.encoder import SpladeEncoder
+from lsr_index.model.load import load_model
+weights = SpladeEncoder(load_model({str(path)!r}), backend="torch").encode(["a protein binds"], 16)
+assert weights.shape[0] == 1 and weights.max() > 0
+print(sorted(m for m in sys.modules if m.split(".")[0] == "transformers"))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
+
+
 def test_only_what_the_packed_attention_computes_is_packed():
     """Packed on CUDA in 16-bit only: an encoder of a listed family whose heads flash attention takes. ModernBERT's
     local attention windows, a decoder's causal attention and heads of 18 are not what it computes."""

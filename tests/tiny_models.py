@@ -67,15 +67,20 @@ def config_for(kind: str, vocab: int, positions: int = 66):
 KINDS = ("bert", "distilbert", "roberta", "xlm-roberta", "modernbert")
 
 
-def save_masked_lm(kind: str, root, *, pickled: bool, extra_rows: int = 0, seed: int = 0, positions: int = 66):
+def save_masked_lm(kind: str, root, *, pickled: bool, extra_rows: int = 0, seed: int = 0, positions: int = 66,
+                   **changes):
     """A random masked LM of `kind` with its tokenizer in root/kind-{safetensors|bin}; returns the directory.
-    `positions`: BERT-like families' position embeddings (the default keeps the models tiny)."""
+    `positions`: BERT-like families' position embeddings (the default keeps the models tiny); `changes`: config
+    settings that differ from the family's defaults."""
     from safetensors.torch import save_file
     from transformers import AutoModelForMaskedLM
 
     tokenizer = tokenizer_for(kind)
     torch.manual_seed(seed)
-    mlm = AutoModelForMaskedLM.from_config(config_for(kind, len(tokenizer) + extra_rows, positions)).eval()
+    config = config_for(kind, len(tokenizer) + extra_rows, positions)
+    for name, value in changes.items():
+        setattr(config, name, value)
+    mlm = AutoModelForMaskedLM.from_config(config).eval()
     with torch.no_grad():
         for p in mlm.parameters():  # biases and norms random too: a lost bias or transform must show
             p.copy_(torch.randn_like(p) * (0.5 if p.dim() == 1 else 0.2))

@@ -7,6 +7,7 @@ full unpickle: files.py); remote code is never run.
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 from dataclasses import dataclass
@@ -54,14 +55,12 @@ def load_model(model: str | ModelRef = DEFAULT_MODEL, device: str = "cpu", dtype
     masked-LM class for) or a sentence-transformers SparseEncoder directory, split into body and head.
     `tokenizer`: the model's, if the caller has it already (ModelRef.backend)."""
     import torch
-    from transformers.utils import logging as hf_logging
 
     from lsr_index.model import packed as packed_body
     from lsr_index.model.probe import padding_changes_tokens
 
     ref = ModelRef.resolve(model).here()
     path, layout, mlm_dir = ref.path, ref.layout, ref.mlm_dir
-    hf_logging.disable_progress_bar()
     tokenizer = tokenizer or ref.backend()
     mlm = _masked_lm(mlm_dir, dtype or torch.float32)
     decoder = mlm.get_output_embeddings()
@@ -101,9 +100,21 @@ _BUILDING = threading.Lock()
 
 
 def import_model_code(model: ModelRef) -> None:
-    """Import what loading this model imports (torch, transformers, its masked-LM class) without loading it: the
-    workers forked afterwards start with it (encode.local.run_local_workers)."""
-    _masked_lm_class(model.mlm_dir)
+    """Import what loading this model imports (torch, and transformers with its masked-LM class unless model.family
+    runs it) without loading it: the workers forked afterwards start with it (encode.local.run_local_workers)."""
+    from lsr_index.model import family
+
+    if family.family_config(_settings(model.mlm_dir)) is None:
+        _masked_lm_class(model.mlm_dir)
+
+
+def _settings(path: Path) -> dict:
+    """The model's config.json as written, or {} where it cannot be read (transformers then says why)."""
+    try:
+        settings = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def _masked_lm_class(path: Path) -> tuple[object, type]:
@@ -122,9 +133,17 @@ def _masked_lm_class(path: Path) -> tuple[object, type]:
 
 
 def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """The masked LM, built from its config by transformers' own class for it, with the weights read here."""
-    config, masked_lm = _masked_lm_class(path)
+    """The masked LM with the weights read here: the BERT family's by model.family, any other (or a checkpoint that
+    does not fit it exactly) by transformers' own class for it."""
+    from lsr_index.model import family
+
     state = read_state_dict(path)
+    if (own := family.load(_settings(path), state, dtype)) is not None:
+        return own
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    config, masked_lm = _masked_lm_class(path)
     try:
         with _BUILDING:
             mlm, info = masked_lm.from_pretrained(None, config=config, state_dict=state, output_loading_info=True,

@@ -50,6 +50,11 @@ def packs(mlm: torch.nn.Module, device: str | torch.device, dtype: torch.dtype) 
 
 def pack(mlm: torch.nn.Module) -> None:
     """Route `mlm`'s attention through the packed attention; from then on call it only through `forward`."""
+    from lsr_index.model.family import FamilyMaskedLM
+
+    if isinstance(mlm, FamilyMaskedLM):  # its own attention takes the documents' bounds
+        mlm.packed = True
+        return
     from transformers import AttentionInterface
 
     AttentionInterface.register(_NAME, _packed_attention)
@@ -90,14 +95,19 @@ def _packed_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     if cu_seqlens is None:
         raise RuntimeError("a packed model was called without its documents' bounds: use packed.forward")
     q, k, v = (t[0].transpose(0, 1) for t in (query, key, value))  # [T, heads, d]: the projections' own layout
+    return attend(q, k, v, cu_seqlens, kwargs.get("max_length_q"), scaling)[None], None
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, longest: int | None,
+           scale: float | None) -> torch.Tensor:
+    """Attention inside each packed document: [T, heads, d] in and out."""
     if q.is_cuda:
         from torch.nn.attention.varlen import varlen_attn
 
-        longest = kwargs["max_length_q"]
-        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, scale=scaling)[None], None
+        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, scale=scale)
     out = torch.empty_like(q)  # document by document: where flash attention is not (the tests' CPU check)
     bounds = cu_seqlens.tolist()
     for lo, hi in itertools.pairwise(bounds):
         out[lo:hi] = F.scaled_dot_product_attention(*(t[lo:hi].transpose(0, 1) for t in (q, k, v)),
-                                                    scale=scaling).transpose(0, 1)
-    return out[None], None
+                                                    scale=scale).transpose(0, 1)
+    return out
