@@ -59,6 +59,11 @@ def _use_triton(hidden: Tensor, backend: str, pooling: str, activation: str) -> 
     return True
 
 
+# Inference calls the kernel's launcher directly: the first call through torch.ops (the custom operator, which
+# torch.compile traces) imports torch's higher-order operators and, with them, dynamo and SymPy, seconds in a new
+# process.
+
+
 def _needs_grad(*tensors: Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
@@ -81,7 +86,9 @@ def splade_max(
     if _use_triton(hidden, backend, pooling, activation):
         if _needs_grad(hidden, weight, bias):
             return torch.ops.sparton.splade_max_argmax(hidden, weight, bias, mask, activation)[0]
-        return torch.ops.sparton.splade_max(hidden, weight, bias, mask, activation)
+        if torch.compiler.is_compiling():
+            return torch.ops.sparton.splade_max(hidden, weight, bias, mask, activation)
+        return splade_head.splade_max_triton(hidden, weight, bias, mask, activation=activation)
     return splade_max_reference(hidden, weight, bias, mask, pooling=pooling, activation=activation)
 
 
@@ -103,7 +110,10 @@ def splade_max_packed(
         if _needs_grad(hidden, weight, bias):
             return torch.ops.sparton.splade_max_packed_argmax(hidden, weight, bias, cu_seqlens, max_seqlen,
                                                               activation)[0]
-        return torch.ops.sparton.splade_max_packed(hidden, weight, bias, cu_seqlens, max_seqlen, activation)
+        if torch.compiler.is_compiling():
+            return torch.ops.sparton.splade_max_packed(hidden, weight, bias, cu_seqlens, max_seqlen, activation)
+        return splade_head.splade_max_packed_triton(hidden, weight, bias, cu_seqlens, max_seqlen,
+                                                    activation=activation)
     return splade_max_packed_reference(hidden, weight, bias, cu_seqlens, pooling=pooling, activation=activation)
 
 
