@@ -382,7 +382,10 @@ def main() -> None:
         save(rows, meta, args.out, name)
         workers = "".join(f" | {w['device']}: start-up {w['startup_seconds']:.1f} s (model loaded at "
                           f"{w['model_loaded_after_seconds']:.1f} s), then "
-                          f"{w['docs_per_second_after_startup']:,.0f} docs/s" for w in row.get("per_worker", []))
+                          f"{w['docs_per_second_after_startup']:,.0f} docs/s (waited "
+                          f"{w.get('input_wait_seconds', 0):.1f} s "
+                          f"for input, {w.get('output_wait_seconds', 0):.1f} s for the writer)"
+                          for w in row.get("per_worker", []))
         print(f"{workload:>10} {model:>10} {system:<34} {row['docs_per_second']:>10,.0f} docs/s  "
               f"peak GPU {row.get('peak_gpu_gb')} GB{workers}", flush=True)
         if use := row.get("host_use"):

@@ -337,3 +337,32 @@ def test_a_slower_worker_takes_fewer_units_and_the_bytes_stay_one_workers(tmp_pa
     one = encode_corpus(EncodeJob(inputs=(str(corpus),), options=options), tmp_path / "one", ("cpu",))
     assert [(s.file, s.sha256) for s in Manifest.load(tmp_path / "two").shards] == \
         [(s.file, s.sha256) for s in one.shards]
+
+
+def test_a_worker_records_how_long_it_waited_for_input_and_for_the_writer(tmp_path, monkeypatch):
+    """A worker's stats say what held its model up after start-up: here reading is slowed by a second a piece, far
+    more than the model takes for it (16 documents of 8 tokens), so the wait grows with it; the writer keeps pace
+    (its wait stays small); both fit in the run's time."""
+    from lsr_index.encode import feed
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.run import encode_corpus
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(line + "\n" for line in SAMPLE.read_text().splitlines()[:96]))
+    tokenize = feed.tokenize_pieces
+
+    def slowly(items, *args):
+        for item in tokenize(items, *args):
+            time.sleep(1.0)
+            yield item
+
+    monkeypatch.setattr(feed, "tokenize_pieces", slowly)
+    options = EncodeOptions(shard_docs=100, output_format="jsonl", progress=False, doc_max_length=8, piece_docs=16)
+    manifest = encode_corpus(EncodeJob(inputs=(str(corpus),), options=options), tmp_path / "out", ("cpu",))
+    worker, = manifest.stats.per_worker
+    after_startup = manifest.stats.seconds - worker.startup_seconds
+    assert 5 * 0.5 <= worker.input_wait_seconds <= after_startup  # six pieces: five waited for after the first
+    assert 0 <= worker.output_wait_seconds < 0.5 * after_startup
+    saved = Manifest.load(tmp_path / "out").stats.per_worker[0]
+    assert (saved.input_wait_seconds, saved.output_wait_seconds) == (worker.input_wait_seconds,
+                                                                     worker.output_wait_seconds)

@@ -55,6 +55,8 @@ class WorkerResult:
     cores: int = 0  # the host cores it was given (its serializers, torch's threads, the tokenizer's)
     serializers: int = 0  # processes serializing its vectors beside it
     started: str = "in process"  # or "fork", "new interpreter", "ray actor": how its process started
+    input_wait: float = 0.0  # seconds after its first piece that the model waited for the next tokenized piece
+    output_wait: float = 0.0  # seconds it waited for the writer to take a piece's vectors (serializers behind)
 
 
 
@@ -179,15 +181,20 @@ class ShardEncoder:
             stream = Prefetch(tokenized_pieces(job, assignment, units, self.tokenizer,
                                                after_each=lambda: wait([self._encoder])), name="tokenize")
         pending: dict[int, tuple[Piece, list[str], Tokens, PieceStats, list, float]] = {}
+        waits = {"input": 0.0, "output": 0.0}
 
         def to_encode() -> Iterator[tuple[int, Tokens]]:
             nonlocal ready_at
+            asked = time.perf_counter()
             for n, (piece, ids, tokens, stats) in enumerate(stream):
-                if not ready_at:
+                if ready_at:
+                    waits["input"] += time.perf_counter() - asked
+                else:
                     ready_at = time.time()
                     mark(f"first piece on {self.device}")
                 pending[n] = (piece, ids, tokens, stats, [], time.monotonic())
                 yield n, tokens
+                asked = time.perf_counter()
 
         try:
             encoder = self.encoder
@@ -201,7 +208,10 @@ class ShardEncoder:
                     progress(len(positions), int(tokens.lengths[positions].sum()))
                     continue
                 del pending[n]
-                sink.put(piece, ids, SparseVectors.stack(parts, len(ids)), stats, started)
+                vectors = SparseVectors.stack(parts, len(ids))
+                handed = time.perf_counter()
+                sink.put(piece, ids, vectors, stats, started)
+                waits["output"] += time.perf_counter() - handed
         except BaseException:
             stream.close()
             if sink is not None:
@@ -211,7 +221,8 @@ class ShardEncoder:
         sink.close()
         return WorkerResult(tokens=encoder.n_tokens - tokens0, worker=worker, device=self.device,
                             docs=encoder.n_docs - docs0, loaded_at=self.loaded_at, ready_at=ready_at or time.time(),
-                            done_at=time.time(), cores=self.cores, serializers=self.serializers)
+                            done_at=time.time(), cores=self.cores, serializers=self.serializers,
+                            input_wait=round(waits["input"], 3), output_wait=round(waits["output"], 3))
 
 
 def _expandable_cuda_memory() -> None:

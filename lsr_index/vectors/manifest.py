@@ -121,6 +121,9 @@ class WorkerStats:
     cores: int
     serializers: int
     started: str
+    # of the seconds after start-up: the model waiting for input (reading, tokenizing) and for the writer
+    input_wait_seconds: float = 0.0
+    output_wait_seconds: float = 0.0
 
 
 @dataclass
