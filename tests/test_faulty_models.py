@@ -59,6 +59,25 @@ def test_a_head_missing_from_the_checkpoint_is_refused_unless_tied_to_what_was_r
     assert "weights missing from the checkpoint: cls.predictions.decoder.weight" in refusal(untied)
 
 
+@pytest.mark.parametrize("kind", ["bert", "roberta"])
+def test_a_checkpoint_holding_two_different_head_biases_gives_the_decoders_as_transformers_does(kind, tmp_path):
+    """The head's bias has two names (BERT: cls.predictions.bias and its decoder's; RoBERTa: lm_head's). Where a
+    checkpoint holds both with different values, the logits transformers computes from it use the decoder's."""
+    from transformers import AutoConfig, BertForMaskedLM, RobertaForMaskedLM
+
+    path, _, tokenizer = save_masked_lm(kind, tmp_path, pickled=False)
+    head = "cls.predictions" if kind == "bert" else "lm_head"
+    state = load_file(path / "model.safetensors")
+    state[f"{head}.decoder.bias"] = torch.randn_like(state[f"{head}.bias"])
+    save_file(state, path / "model.safetensors")
+    masked_lm = BertForMaskedLM if kind == "bert" else RobertaForMaskedLM
+    reference = masked_lm.from_pretrained(None, config=AutoConfig.from_pretrained(path),
+                                          state_dict=load_file(path / "model.safetensors")).eval()
+    got = SpladeEncoder(load_model(str(path)), backend="torch").encode(TEXTS, max_length=24)
+    torch.testing.assert_close(got.double(), reference_weights(reference, tokenizer, TEXTS, 24), rtol=1e-4,
+                               atol=1e-4)
+
+
 def test_a_tokenizer_longer_than_the_positions_is_held_to_them(tmp_path):
     """A tokenizer_config copied from a larger model claims 512 tokens where the body has 66 positions: held to the
     claim, a document past the positions would fail in the middle of the run."""
@@ -72,6 +91,9 @@ def test_a_tokenizer_longer_than_the_positions_is_held_to_them(tmp_path):
     ("config.json", {"hidden_size": None}, "expected int, got NoneType"),
     ("config.json", {"pad_token_id": 10**6}, "Padding_idx must be within num_embeddings"),
     ("config.json", {"vocab_size": 10**10}, "weights whose shapes differ from config.json"),
+    ("config.json", {"hidden_act": ["gelu"]}, "Field 'hidden_act' expected str, got list"),
+    ("config.json", {"model_type": ["bert"]}, "unhashable type: 'list'"),
+    ("config.json", {"type_vocab_size": 0}, "weights whose shapes differ from config.json"),
     ("tokenizer_config.json", None, "cannot load its tokenizer"),
 ])
 def test_config_oddities_are_one_line(file, changes, says, tmp_path):

@@ -110,6 +110,29 @@ def test_what_the_family_module_does_not_run_transformers_builds(kind, changes, 
     torch.testing.assert_close(got.double(), reference_weights(mlm, tokenizer, TEXTS, 24), rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("kind", sorted(PACKED_FAMILIES))
+def test_the_family_module_gives_transformers_logits_bit_for_bit_on_cpu(kind, dtype, tmp_path):
+    """Same operations in the same order as transformers' classes (the embeddings' sum too, whose rounding in 16 bits
+    depends on it): the padded forward's logits are equal, not only close."""
+    from transformers import AutoModelForMaskedLM
+
+    from lsr_index.model import family
+    from lsr_index.model.files import read_state_dict
+    from lsr_index.model.load import _settings
+
+    path, _, tokenizer = save_masked_lm(kind, tmp_path, pickled=False, seed=6)
+    own = family.load(_settings(path), read_state_dict(path), dtype)
+    theirs = AutoModelForMaskedLM.from_pretrained(path, dtype=dtype).eval()
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        got = own.get_output_embeddings()(own(input_ids=batch["input_ids"],
+                                              attention_mask=batch["attention_mask"]).logits)
+        want = theirs(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    real = batch["attention_mask"].bool()
+    assert torch.equal(got[real], want[real])
+
+
 def test_a_bert_family_model_loads_and_encodes_without_importing_transformers(tmp_path):
     """transformers' import costs each encoding or searching process seconds: the family's models never pay it."""
     path, _, _ = save_masked_lm("roberta", tmp_path, pickled=True)

@@ -92,10 +92,13 @@ def _cache_entries() -> list:
     return sorted((cache_root() / "tokenizers").glob("*.json"))
 
 
-def test_the_cached_tokenizer_is_the_one_transformers_builds(tiny_copy):
+@pytest.mark.parametrize("split_special", [False, True])
+def test_the_cached_tokenizer_is_the_one_transformers_builds(tiny_copy, split_special):
     """What a command reads back from the cache is transformers' own Rust tokenizer, byte for byte, with its padding
-    id; the entry is named by the model's identity and the versions that built it."""
-    (tiny_copy / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "pad_token": "[PAD]"}))
+    id and the setting its JSON leaves out (split_special_tokens: "[MASK]" in a text is plain text); the entry is
+    named by the model's identity and the versions that built it."""
+    (tiny_copy / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True, "pad_token": "[PAD]",
+                                                                 "split_special_tokens": split_special}))
     built = ModelRef.resolve(str(tiny_copy)).backend()  # not cached yet: built through transformers
     model = ModelRef.resolve(str(tiny_copy))
     entry, = [e for e in _cache_entries() if e.name.startswith(model.sha256)]
@@ -104,8 +107,9 @@ def test_the_cached_tokenizer_is_the_one_transformers_builds(tiny_copy):
     hf = AutoTokenizer.from_pretrained(tiny_copy)
     assert cached.tokenizer.to_str() == built.tokenizer.to_str() == hf.backend_tokenizer.to_str()
     assert cached.pad_id == hf.pad_token_id == 0
-    text = "Ünïcode TEXT, with   spaces and a protein-binding site"
-    assert cached.tokenizer.encode(text).ids == hf(text)["input_ids"]
+    text = "Ünïcode TEXT, with   spaces and a [MASK] protein-binding site"
+    assert cached.tokenizer.encode(text).ids == built.tokenizer.encode(text).ids == hf(text)["input_ids"]
+    assert (hf.mask_token_id in hf(text)["input_ids"]) != split_special
 
 
 def test_a_damaged_cache_entry_is_built_again_and_a_read_only_cache_only_costs_time(tiny_copy, tmp_path,
@@ -146,6 +150,17 @@ print(sorted(m for m in sys.modules if m.split(".")[0] == "transformers"))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_identity_covers_a_versioned_tokenizer_file(tiny_copy):
+    """tokenizer_config.json may name tokenizer.<version>.json for transformers to read instead of tokenizer.json:
+    editing it changes the model's identity (and so the tokenizer's cache entry)."""
+    shutil.copy(tiny_copy / "tokenizer.json", tiny_copy / "tokenizer.4.0.0.json")
+    before = identity(tiny_copy)[0]
+    settings = json.loads((tiny_copy / "tokenizer.4.0.0.json").read_text())
+    settings["normalizer"]["lowercase"] = not settings["normalizer"]["lowercase"]
+    (tiny_copy / "tokenizer.4.0.0.json").write_text(json.dumps(settings))
+    assert identity(tiny_copy)[0] != before
 
 
 def test_identity_covers_sentence_transformers_modules(tiny_copy):

@@ -50,7 +50,8 @@ class FamilyConfig:
 def family_config(settings: dict) -> FamilyConfig | None:
     """The config if this module runs the model it describes, else None."""
     kind = settings.get("model_type")
-    if kind not in _PREFIX or settings.get("is_decoder") or settings.get("add_cross_attention"):
+    if not isinstance(kind, str) or kind not in _PREFIX or settings.get("is_decoder") \
+            or settings.get("add_cross_attention"):
         return None
     try:
         if kind == "distilbert":
@@ -77,7 +78,9 @@ def family_config(settings: dict) -> FamilyConfig | None:
     sizes = (config.vocab_size, config.hidden_size, config.num_hidden_layers, config.num_attention_heads,
              config.intermediate_size, config.max_position_embeddings, config.type_vocab_size, config.pad_token_id)
     if not all(type(v) is int and v >= 0 for v in sizes) or min(sizes[:6]) < 1 \
-            or config.hidden_size % config.num_attention_heads or config.hidden_act not in _ACTIVATIONS \
+            or (kind != "distilbert" and config.type_vocab_size < 1) \
+            or config.hidden_size % config.num_attention_heads or not isinstance(config.hidden_act, str) \
+            or not isinstance(config.head_act, str) or config.hidden_act not in _ACTIVATIONS \
             or not isinstance(config.layer_norm_eps, (int, float)) or config.pad_token_id >= config.vocab_size:
         return None
     return config
@@ -189,10 +192,10 @@ class FamilyMaskedLM(nn.Module):
         if position_ids is None:
             position_ids = self._positions(input_ids)
         e = self._body.embeddings
-        x = e.word_embeddings(input_ids) + e.position_embeddings(position_ids)
-        if c.type_vocab_size:
+        x = e.word_embeddings(input_ids)
+        if c.type_vocab_size:  # added in transformers' order: in 16 bits the sum's rounding depends on it
             x = x + e.token_type_embeddings.weight[0]
-        x = e.LayerNorm(x)
+        x = e.LayerNorm(x + e.position_embeddings(position_ids))
         if cu_seq_lens_q is not None:  # one packed sequence [1, T]: attention inside each document
             def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
                 heads = (q.shape[1], c.num_attention_heads, -1)
@@ -244,8 +247,9 @@ def load(settings: dict, state: dict[str, torch.Tensor], dtype: torch.dtype) -> 
     params = dict(model.named_parameters())
     decoder_weight = next(name for name, p in params.items() if p is decoder.weight)
     bias = next(name for name, p in params.items() if p is decoder.bias)
-    # the head's bias is saved under either of its two names; a decoder weight left out is the word embeddings'
-    state.setdefault(bias, state.get(bias.replace(".bias", ".decoder.bias")))
+    # the head's bias is saved under either of its two names, and where a checkpoint holds both, the decoder's is the
+    # one its logits use (as transformers loads it); a decoder weight left out is the word embeddings'
+    state[bias] = state.get(bias.replace(".bias", ".decoder.bias"), state.get(bias))
     tensors = {}
     for name, param in params.items():
         value = state.get(name)

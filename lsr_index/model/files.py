@@ -61,7 +61,10 @@ def identity_files(path: Path) -> list[str]:
 
 
 def _is_identity(name: str) -> bool:
-    return name in _IDENTITY_NAMES or name.endswith(_IDENTITY_SUFFIXES)
+    # tokenizer.<version>.json: the tokenizer transformers reads instead where tokenizer_config.json names it
+    # (fast_tokenizer_files)
+    return name in _IDENTITY_NAMES or name.endswith(_IDENTITY_SUFFIXES) or \
+        (name.startswith("tokenizer.") and name.endswith(".json"))
 
 
 def identity(path: Path) -> tuple[str, dict[str, str]]:

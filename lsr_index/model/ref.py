@@ -233,18 +233,25 @@ def tokenizer_record(model: ModelRef) -> TokenizerRecord:
     from tokenizers import Tokenizer
 
     versions = f"transformers-{version('transformers')}-tokenizers-{version('tokenizers')}"
-    entry = cache_root() / "tokenizers" / f"{model.sha256}-{versions}.json"
+    entry = cache_root() / "tokenizers" / f"{model.sha256}-{versions}-{_RECORD_FORMAT}.json"
     try:
         saved = json.loads(entry.read_text(encoding="utf-8"))
-        return TokenizerRecord(Tokenizer.from_str(saved["tokenizer"]), int(saved["pad_id"]))
+        tokenizer = Tokenizer.from_str(saved["tokenizer"])
+        tokenizer.encode_special_tokens = bool(saved["encode_special_tokens"])
+        return TokenizerRecord(tokenizer, int(saved["pad_id"]))
     except Exception:  # absent, or not a tokenizer this version reads: built again
         pass
     built = model.tokenizer()
     record = TokenizerRecord(built.backend_tokenizer, built.pad_token_id or 0)
     with contextlib.suppress(LsrIndexError, OSError):  # a read-only cache: the next command builds it again
-        atomic_write_bytes(entry, json.dumps({"tokenizer": record.tokenizer.to_str(), "pad_id": record.pad_id},
-                                             ensure_ascii=False).encode())
+        atomic_write_bytes(entry, json.dumps({
+            "tokenizer": record.tokenizer.to_str(), "pad_id": record.pad_id,
+            # a setting of the Rust tokenizer its JSON leaves out (transformers' split_special_tokens)
+            "encode_special_tokens": record.tokenizer.encode_special_tokens}, ensure_ascii=False).encode())
     return record
+
+
+_RECORD_FORMAT = "record2"  # what a cache entry holds: a new one when that changes
 
 
 def read_tokenizer(path: Path):
