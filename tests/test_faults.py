@@ -18,6 +18,7 @@ import resource
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -176,20 +177,30 @@ def test_build_killed_midway_publishes_nothing_and_a_rerun_succeeds(splade_tiny,
     assert lines[1].startswith("error: Lucene indexing failed (killed by signal SIGKILL); nothing was published")
     assert not index.exists() and not work.exists() and not work2.exists()
 
-    # Ctrl-C in a process that lives on (library use): the build stops java itself before cleaning up
-    running = []
+    # Ctrl-C in a process that lives on (library use): the build stops java itself before cleaning up. The interrupt
+    # is sent once java has started (a watcher thread sees it), not after a fixed delay that a fast or a busy
+    # machine would place before java starts or after it ends
+    running, stop = [], threading.Event()
 
     def interrupt(signum, frame):
         running.append(_java_child(os.getpid()))
         raise KeyboardInterrupt
 
+    def interrupt_once_java_runs() -> None:
+        while not stop.is_set() and _java_child(os.getpid()) is None:
+            time.sleep(0.01)
+        if not stop.is_set():
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+
     previous = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, 2.5)
+    watcher = threading.Thread(target=interrupt_once_java_runs, daemon=True)
+    watcher.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             build_index(vectors, index, heap="1g", progress=False, builder="anserini")
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        stop.set()
+        watcher.join()
         signal.signal(signal.SIGALRM, previous)
     assert running[0] is not None, "the interrupt came when java was not running"
     assert not alive(running[0]) and not index.exists() and leftovers(tmp_path) == []
