@@ -11,7 +11,8 @@ Two modes:
 
 Prints samples per thread, the most frequent (thread, lsr-index frames | innermost frame), and a timeline of the
 main thread, or of the `--threads` named (its most frequent stack in each `--window` seconds): where the wall clock
-goes before the first batch and after the last. Run it when end to end falls behind model only.
+goes before the first batch and after the last. Of a deep stack, the lsr-index frames shown are the thread's entry
+(outermost two) and where it is now (innermost three). Run it when end to end falls behind model only.
 """
 
 import argparse
@@ -82,7 +83,9 @@ class Sampler:
                         chain.append(f"{f.f_code.co_name}:{f.f_lineno}")
                     f = f.f_back
                 leaf = f"{frame.f_code.co_name}@{Path(frame.f_code.co_filename).name}:{frame.f_lineno}"
-                stack = ">".join(reversed(chain[:4])) + " | " + leaf
+                # the thread's entry (outermost two of our frames) and where it is now (innermost three)
+                ours = chain[::-1] if len(chain) <= 5 else [*chain[:-3:-1], "…", *chain[2::-1]]
+                stack = ">".join(ours) + " | " + leaf
                 name = names.get(tid, "?")
                 self.stacks[(name[:14], stack)] += 1
                 self.timeline.append((time.perf_counter() - t0, name, stack))
