@@ -118,11 +118,10 @@ def test_the_family_module_gives_transformers_logits_bit_for_bit_on_cpu(kind, dt
     from transformers import AutoModelForMaskedLM
 
     from lsr_index.model import family
-    from lsr_index.model.files import read_state_dict
-    from lsr_index.model.load import _settings
+    from lsr_index.model.files import read_state_dict, settings
 
     path, _, tokenizer = save_masked_lm(kind, tmp_path, pickled=False, seed=6)
-    own = family.load(_settings(path), read_state_dict(path), dtype)
+    own = family.load(settings(path / "config.json"), read_state_dict(path), dtype)
     theirs = AutoModelForMaskedLM.from_pretrained(path, dtype=dtype).eval()
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
     with torch.no_grad():

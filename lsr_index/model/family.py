@@ -44,7 +44,6 @@ class FamilyConfig:
     type_vocab_size: int
     pad_token_id: int
     tie_word_embeddings: bool = True  # a decoder weight the checkpoint leaves out is the word embeddings'
-    is_decoder: bool = False
 
 
 def family_config(settings: dict) -> FamilyConfig | None:

@@ -197,6 +197,12 @@ class SentenceTransformersLayout:
     query: Path | None
 
 
+def settings(file: Path) -> dict:
+    """A model's JSON settings file (config.json, sentence_bert_config.json, ...) as an object; {} where the model has
+    none; one line naming the file where it is not a readable JSON object."""
+    return _json(file) if file.is_file() else {}
+
+
 def _json(file: Path, want: type = dict) -> dict | list:
     try:
         value = json.loads(file.read_text(encoding="utf-8"))

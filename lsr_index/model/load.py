@@ -7,7 +7,6 @@ full unpickle: files.py); remote code is never run.
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 from dataclasses import dataclass
@@ -15,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from lsr_index.errors import LsrIndexError
-from lsr_index.model.files import read_state_dict
+from lsr_index.model.files import read_state_dict, settings
 from lsr_index.model.ref import DEFAULT_MODEL, ModelRef, TokenizerRecord, first_line
 from lsr_index.model.tokens import tokenizer_terms
 
@@ -104,17 +103,8 @@ def import_model_code(model: ModelRef) -> None:
     runs it) without loading it: the workers forked afterwards start with it (encode.local.run_local_workers)."""
     from lsr_index.model import family
 
-    if family.family_config(_settings(model.mlm_dir)) is None:
+    if family.family_config(settings(model.mlm_dir / "config.json")) is None:
         _masked_lm_class(model.mlm_dir)
-
-
-def _settings(path: Path) -> dict:
-    """The model's config.json as written, or {} where it cannot be read (transformers then says why)."""
-    try:
-        settings = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return settings if isinstance(settings, dict) else {}
 
 
 def _masked_lm_class(path: Path) -> tuple[object, type]:
@@ -138,7 +128,7 @@ def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:
     from lsr_index.model import family
 
     state = read_state_dict(path)
-    if (own := family.load(_settings(path), state, dtype)) is not None:
+    if (own := family.load(settings(path / "config.json"), state, dtype)) is not None:
         return own
     from transformers.utils import logging as hf_logging
 

@@ -24,6 +24,7 @@ from lsr_index.model.files import (
     cache_root,
     identity,
     sentence_transformers_layout,
+    settings,
 )
 from lsr_index.runtime.durable import atomic_write_bytes, sha256_file
 
@@ -162,11 +163,11 @@ class ModelRef:
         caller whose user gave no length uses these where they are set (see `length_notes`)."""
         if self.layout is None:
             return ModelLengths(None, None, None)
-        settings = self.layout.mlm / "sentence_bert_config.json"
-        config = _settings(settings)
-        both = _length(config, "max_seq_length", settings)
-        document, query = _length(config, "document_length", settings), _length(config, "query_length", settings)
-        return ModelLengths(document or both, query or both, settings if (document or query or both) else None)
+        file = self.layout.mlm / "sentence_bert_config.json"
+        config = settings(file)
+        both = _length(config, "max_seq_length", file)
+        document, query = _length(config, "document_length", file), _length(config, "query_length", file)
+        return ModelLengths(document or both, query or both, file if (document or query or both) else None)
 
     def length_notes(self, doc_max_length: int, query_max_length: int) -> list[str]:
         """One line for each length given that differs from the model's own (`lengths`): the vectors then differ from
@@ -194,16 +195,6 @@ class ModelLengths:
     document: int | None
     query: int | None
     source: Path | None  # the file that sets them
-
-
-def _settings(path: Path) -> dict:
-    if not path.is_file():
-        return {}
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise LsrIndexError(f"{path}: not readable JSON ({exc})") from None
-    return config if isinstance(config, dict) else {}
 
 
 def _length(config: dict, key: str, path: Path) -> int | None:
