@@ -1,17 +1,16 @@
 """Sparton for training: the fused SPLADE head's forward with the argmax it needs, and its fused backward.
 
 Gradient of w[d, v] = act(max_{t in d} H[t]·W[v] + b[v]): the max sends each (document, term) gradient to one token,
-its argmax row. With g[d, v] = grad_out[d, v] · act'(pre[d, v]) and the [tokens, vocab] matrix
-S[t, v] = g[doc(t), v] if t == argmax[doc(t), v] else 0, the gradients are two GEMMs and a sum:
-dH = S·W (tokens × vocab × hidden), dW = Sᵀ·H (vocab × tokens × hidden), db[v] = Σ_d g[d, v].
-S is never stored: each backward kernel builds its [tokens, vocab] tile in registers from the [B, V] argmax, the
-upstream gradient and the forward's output (act' is a function of the output: relu makes it 0 where w = 0, and
-log1p's derivative 1/(1+x) is e^-w), and feeds it to the tensor cores; fp32 accumulators, no atomics, so the
-gradients are deterministic. A tile's rows belong to a few documents, and a document's argmax rows are its own, so
-the tile is built from contiguous [K] slices of those documents' rows of the [B, V] arrays, one comparison with the
-tile's row numbers per document: no per-element gathers. Memory beyond inputs, outputs and the int32 argmax: the
-token→document map (4 bytes a token), a segment table and, for dH over few tokens, at most SPLIT_SCRATCH of partial
-sums.
+its argmax row. With g[d, v] = grad_out[d, v] · act'(pre[d, v]) (act' is a function of the output: relu makes it 0
+where w = 0, and log1p's derivative 1/(1+x) is e^-w), the gradients are sums over the B·V (document, term) pairs, one
+token row each:
+    dW[v] = Σ_d g[d, v]·H[arg[d, v]],    dH[t] = Σ_{(d, v): arg[d, v] = t} g[d, v]·W[v],    db[v] = Σ_d g[d, v].
+As products over [tokens, vocab] they would cost 4·T·H·V multiply-adds; as gathers they cost 2·B·V·H (L times fewer
+for documents of L tokens), and pairs without a gradient (relu cut) read nothing. dW and db gather each term's B rows
+of H in document order. dH needs each row's pairs: a stable sort of a group of documents' pairs by argmax row (pairs
+X
+a fixed order, no atomics: the gradients are deterministic. Memory beyond inputs, outputs and the int32 argmax: one
+group's sort, at most SORT_SCRATCH.
 
 Tie rule: the argmax is the lowest token row (the earliest kept token of the document) among those whose logit
 equals the maximum; a document without a kept token has argmax -1 and gets no gradient. The PyTorch reference
@@ -185,154 +184,101 @@ def _grad_pre(go, w, DOUBLE_LOG: tl.constexpr):
     return tl.where(w > 0, go * slope, 0.0)
 
 
-@triton.jit
-def _doc_slice(grad_ptr, out_ptr, arg_ptr, d, d_last, cols, col_ok, stride_gd, stride_gv, stride_w, scale,
-               DOUBLE_LOG: tl.constexpr):
-    """Document d's argmax rows and g over the vocabulary entries cols: contiguous [K] loads, one activation
-    derivative per entry. Past the tile's last document (d > d_last) rows are -1, which no row equals."""
-    ok = tl.where(d <= d_last, col_ok, False)  # (the interpreter mistypes a scalar & a tensor)
-    d = tl.cast(d, tl.int64)  # a loop counter: a plain int under the interpreter
-    arg = tl.load(arg_ptr + d * stride_w + cols, mask=ok, other=-1)
-    go = tl.load(grad_ptr + d * stride_gd + cols * stride_gv, mask=ok, other=0.0)
-    w = tl.load(out_ptr + d * stride_w + cols, mask=ok, other=0.0)
-    return arg, _grad_pre(go, w, DOUBLE_LOG) * scale
-
-
-@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "T", "V", "SPLIT_V"])
-def _grad_hidden_kernel(
-    weight_desc,  # [V, H], block [BLOCK_K, BLOCK_H]
-    grad_ptr,  # [B, V] upstream gradient, any strides
-    out_ptr,  # [B, V] fp32 forward output
-    arg_ptr,  # [B, V] int32 argmax row (-1: none); same strides as out
-    doc_ptr,  # [T] int32 document of each row, non-decreasing
-    scale_ptr,  # fp32 scalar: S is multiplied by it before the 16-bit cast (fp16 range), or None
-    dh_ptr,  # [T, H] output, hidden's dtype
-    part_ptr,  # [n_splits, T, H] fp32 partial sums (the vocabulary split in ranges), or None: dh_ptr directly
-    stride_gd,
-    stride_gv,
-    stride_w,
-    T,
-    V,
-    SPLIT_V,  # vocabulary entries per split, a multiple of BLOCK_K
-    H: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    NDOC: tl.constexpr,  # documents whose [K] slices build S together
-    DOUBLE_LOG: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
-):
-    """dH[t, h] = Σ_v S[t, v]·W[v, h]: a [BLOCK_T, BLOCK_H] tile, K = the vocabulary (or one split of it).
-
-    Each K step builds S from the [K] slices of the argmax and g of the tile's documents: S[t, v] = g[d, v] where t
-    is document d's argmax, and the documents' rows are disjoint, so one comparison per document places every entry.
-    The tile's documents go NDOC at a time, one sweep of K each: a single sweep unless the tile holds more than NDOC
-    (short) documents. The sweep is the innermost loop, software-pipelined like a plain GEMM's."""
-    n_h = H // BLOCK_H
-    n_tiles = tl.cdiv(T, BLOCK_T) * n_h
-    tile = tl.program_id(0) % n_tiles
-    split = tl.program_id(0) // n_tiles
-    t0 = (tile // n_h) * BLOCK_T
-    h0 = (tile % n_h) * BLOCK_H
-    v_lo = split * SPLIT_V
-    v_hi = tl.minimum(v_lo + SPLIT_V, V)
-    rows = t0 + tl.arange(0, BLOCK_T)
-    row_ok = rows < T
-    d_last = tl.load(doc_ptr + tl.minimum(t0 + BLOCK_T, T) - 1)
-    scale = 1.0
-    if scale_ptr is not None:
-        scale = tl.load(scale_ptr)
-    acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
-    for d0 in range(tl.load(doc_ptr + t0), d_last + 1, NDOC):
-        for k in range(v_lo, v_hi, BLOCK_K):
-            cols = k + tl.arange(0, BLOCK_K)
-            col_ok = cols < v_hi
-            s = tl.zeros((BLOCK_T, BLOCK_K), dtype=tl.float32)
-            for j in tl.static_range(NDOC):
-                arg, g = _doc_slice(grad_ptr, out_ptr, arg_ptr, d0 + j, d_last, cols, col_ok, stride_gd, stride_gv,
-                                    stride_w, scale, DOUBLE_LOG)
-                s = tl.where(arg[None, :] == rows[:, None], g[None, :], s)
-            wt = weight_desc.load([k, h0])
-            acc = tl.dot(s.to(wt.dtype), wt, acc, input_precision=DOT_PRECISION)
-    acc = acc / scale
-    offs = rows[:, None].to(tl.int64) * H + (h0 + tl.arange(0, BLOCK_H))[None, :]
-    if part_ptr is None:
-        tl.store(dh_ptr + offs, acc.to(dh_ptr.dtype.element_ty), mask=row_ok[:, None])
-    else:
-        tl.store(part_ptr + split.to(tl.int64) * T * H + offs, acc, mask=row_ok[:, None])
-
-
-@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "T", "V"])
+@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "B", "V"])
 def _grad_weight_kernel(
-    tokens_desc,  # [T, H], block [BLOCK_T, BLOCK_H]
-    grad_ptr,
-    out_ptr,
-    arg_ptr,
-    doc_ptr,
-    scale_ptr,
-    pass_ptr,  # int32 scalar: sweeps over the tokens (the most documents a window spans, NDOC a sweep), or None: 1
-    dw_ptr,  # [V, H] output, weight's dtype
+    tokens_ptr,  # [T, H], any strides
+    grad_ptr,  # [B, V] upstream gradient, any strides
+    out_ptr,  # [B, V] fp32 forward output, row-major
+    arg_ptr,  # [B, V] int32 argmax row (-1: none), row-major
+    dw_ptr,  # [V, H] output, weight's dtype, or None
+    db_ptr,  # [V] fp32 output, or None
+    stride_tt,
+    stride_th,
     stride_gd,
     stride_gv,
     stride_w,
-    T,
+    B,
     V,
     H: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-    NDOC: tl.constexpr,
     DOUBLE_LOG: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
 ):
-    """dW[v, h] = Σ_t S[t, v]·H[t, h]: a [BLOCK_V, BLOCK_H] tile, K = the tokens, BLOCK_T rows a step. Each window's
-    Sᵀ comes from the [BLOCK_V] slices of NDOC of the documents it spans; sweep p takes each window's documents
-    p·NDOC .. p·NDOC + NDOC - 1. The number of sweeps is one for all the windows (a branch per window would stop
-    the loop's pipelining): where one window spans more documents, the others add zeros in the extra sweeps."""
-    n_h = H // BLOCK_H
-    v0 = (tl.program_id(0) // n_h) * BLOCK_V
-    h0 = (tl.program_id(0) % n_h) * BLOCK_H
-    offs_v = v0 + tl.arange(0, BLOCK_V)
-    v_ok = offs_v < V
-    scale = 1.0
-    if scale_ptr is not None:
-        scale = tl.load(scale_ptr)
-    n_pass = 1
-    if pass_ptr is not None:
-        n_pass = tl.load(pass_ptr)
-    acc = tl.zeros((BLOCK_V, BLOCK_H), dtype=tl.float32)
-    for p in range(0, n_pass):
-        for t0 in range(0, T, BLOCK_T):
-            rows = t0 + tl.arange(0, BLOCK_T)
-            d0 = tl.load(doc_ptr + t0) + p * NDOC
-            d_last = tl.load(doc_ptr + tl.minimum(t0 + BLOCK_T, T) - 1)
-            s = tl.zeros((BLOCK_V, BLOCK_T), dtype=tl.float32)  # Sᵀ
-            for j in tl.static_range(NDOC):
-                arg, g = _doc_slice(grad_ptr, out_ptr, arg_ptr, d0 + j, d_last, offs_v, v_ok, stride_gd, stride_gv,
-                                    stride_w, scale, DOUBLE_LOG)
-                s = tl.where(arg[:, None] == rows[None, :], g[:, None], s)
-            h = tokens_desc.load([t0, h0])
-            acc = tl.dot(s.to(h.dtype), h, acc, input_precision=DOT_PRECISION)
-    acc = acc / scale
-    offs_h = h0 + tl.arange(0, BLOCK_H)
-    tl.store(dw_ptr + offs_v[:, None].to(tl.int64) * H + offs_h[None, :], acc.to(dw_ptr.dtype.element_ty),
-             mask=v_ok[:, None])
-
-
-@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "B", "V"])
-def _grad_bias_kernel(grad_ptr, out_ptr, db_ptr, stride_gd, stride_gv, stride_w, B, V,
-                      BLOCK_D: tl.constexpr, BLOCK_V: tl.constexpr, DOUBLE_LOG: tl.constexpr):
-    """db[v] = Σ_d g[d, v], in a fixed order."""
+    """dW[v, h] = Σ_d g[d, v]·H[arg[d, v], h] for a [BLOCK_V, BLOCK_H] tile, and db[v] = Σ_d g[d, v] (programs of the
+    first H block). Each document adds one gathered row per term, in document order: a fixed summation order. Rows
+    of pairs without a gradient (relu cut, no kept token) are not read."""
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_ok = offs_v < V
-    acc = tl.zeros((BLOCK_V,), dtype=tl.float32)
-    for d0 in range(0, B, BLOCK_D):
-        docs = (d0 + tl.arange(0, BLOCK_D)).to(tl.int64)
-        ok = (docs < B)[:, None] & v_ok[None, :]
-        go = tl.load(grad_ptr + docs[:, None] * stride_gd + offs_v[None, :] * stride_gv, mask=ok, other=0.0)
-        w = tl.load(out_ptr + docs[:, None] * stride_w + offs_v[None, :], mask=ok, other=0.0)
-        acc += tl.sum(_grad_pre(go, w, DOUBLE_LOG), axis=0)
-    tl.store(db_ptr + offs_v, acc.to(db_ptr.dtype.element_ty), mask=v_ok)
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    acc = tl.zeros((BLOCK_V, BLOCK_H), dtype=tl.float32)
+    total = tl.zeros((BLOCK_V,), dtype=tl.float32)
+    for d in range(0, B):
+        d = tl.cast(d, tl.int64)  # a loop counter: a plain int under the interpreter
+        go = tl.load(grad_ptr + d * stride_gd + offs_v * stride_gv, mask=v_ok, other=0.0)
+        w = tl.load(out_ptr + d * stride_w + offs_v, mask=v_ok, other=0.0)
+        g = _grad_pre(go, w, DOUBLE_LOG)
+        total += g
+        if dw_ptr is not None:
+            arg = tl.load(arg_ptr + d * stride_w + offs_v, mask=v_ok, other=-1)
+            hit = (g != 0.0) & (arg >= 0)
+            rows = tl.load(tokens_ptr + arg.to(tl.int64)[:, None] * stride_tt + offs_h[None, :] * stride_th,
+                           mask=hit[:, None], other=0.0)
+            acc += g[:, None] * rows.to(tl.float32)
+    if dw_ptr is not None:
+        tl.store(dw_ptr + offs_v[:, None].to(tl.int64) * H + offs_h[None, :], acc.to(dw_ptr.dtype.element_ty),
+                 mask=v_ok[:, None])
+    if db_ptr is not None:
+        first_block = tl.where(tl.program_id(1) == 0, v_ok, False)  # (the interpreter mistypes a scalar & a tensor)
+        tl.store(db_ptr + offs_v, total, mask=first_block)
+
+
+@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "V", "doc0", "doc1"])
+def _grad_hidden_kernel(
+    weight_ptr,  # [V, H], any strides
+    grad_ptr,  # [B, V] upstream gradient, any strides
+    out_ptr,  # [B, V] fp32 forward output, row-major
+    start_ptr,  # [B + 1] int32 first row of each document
+    pairs_ptr,  # int64: the group's (document, term) pairs with a gradient, (d - doc0)·V + v, sorted by argmax row
+    first_ptr,  # int32: the pairs of the group's r-th row are pairs[first[r] : first[r + 1]]
+    dh_ptr,  # [T, H] output, hidden's dtype, row-major
+    stride_wv,
+    stride_wh,
+    stride_gd,
+    stride_gv,
+    stride_w,
+    V,
+    doc0,  # the group's documents: doc0 .. doc1 - 1
+    doc1,
+    H: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    DOUBLE_LOG: tl.constexpr,
+):
+    """dH[t, h] = Σ g[d, v]·W[v, h] over the pairs whose argmax is row t: row t's pairs gathered BLOCK_P at a time
+    (their W rows from L2 or memory), in term order. The programs take the group's rows in turn (how many rows it
+    holds is read here, not on the host: no sync); every row is written, zeros where no pair chose it."""
+    offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    row0 = tl.load(start_ptr + doc0)
+    row1 = tl.load(start_ptr + doc1)
+    for r in range(tl.program_id(0), row1 - row0, tl.num_programs(0)):
+        lo = tl.load(first_ptr + r)
+        hi = tl.load(first_ptr + r + 1)
+        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+        for k in range(lo, hi, BLOCK_P):
+            offs = k + tl.arange(0, BLOCK_P)
+            ok = offs < hi
+            pair = tl.load(pairs_ptr + offs, mask=ok, other=0)
+            d = pair // V
+            v = pair - d * V
+            d += doc0
+            go = tl.load(grad_ptr + d * stride_gd + v * stride_gv, mask=ok, other=0.0)
+            w = tl.load(out_ptr + d * stride_w + v, mask=ok, other=0.0)
+            g = _grad_pre(go, w, DOUBLE_LOG)
+            cols = tl.load(weight_ptr + v[:, None] * stride_wv + offs_h[None, :] * stride_wh, mask=ok[:, None],
+                           other=0.0)
+            acc += tl.sum(g[:, None] * cols.to(tl.float32), axis=0)
+        row = tl.cast(row0 + r, tl.int64)
+        tl.store(dh_ptr + row * H + offs_h, acc.to(dh_ptr.dtype.element_ty))
 
 
 # ---------------------------------------------------------------------------------------------------- launchers
@@ -343,30 +289,21 @@ FORWARD_16 = {"BLOCK_V": 256, "BLOCK_L": 128, "BLOCK_K": 64, "GROUP_S": 8, "SLAB
               "num_warps": 8, "num_stages": 3}
 FORWARD_32 = {"BLOCK_V": 128, "BLOCK_L": 64, "BLOCK_K": 32, "GROUP_S": 8, "SLAB": 16, "SEGMENT": 1024,
               "num_warps": 8, "num_stages": 3}
-# Backward tiles: 128 × 256 fp32 accumulators (128 registers a thread at 8 warps, as the forward's), K = 32. S is
-# built in registers from the [K] slices of NDOC documents a step (two for packed input: a 128-row tile or a 32-row
-# window of documents ≥ 127 or ≥ 31 tokens spans at most two); padded input gets the exact count where it is at most
-# MAX_NDOC. sm_90 (ptxas, Triton 3.9): dH 224 / 228 / 210 registers at NDOC 1 / 2 / 4, dW 227 / 210 / 254, no
-# spills, every load software-pipelined. dH with fewer 128-row tiles than SMs ("small": 64-row tiles, 169
-# registers) doubles its tiles before splitting the vocabulary.
-GRAD_HIDDEN_16 = {"BLOCK_T": 128, "BLOCK_H": 256, "BLOCK_K": 32, "NDOC": 2, "num_warps": 8, "num_stages": 4,
-                  "small": {"BLOCK_T": 64, "BLOCK_H": 256, "BLOCK_K": 32, "NDOC": 2, "num_warps": 8,
-                            "num_stages": 4}}
-GRAD_WEIGHT_16 = {"BLOCK_V": 128, "BLOCK_H": 256, "BLOCK_T": 32, "NDOC": 2, "num_warps": 8, "num_stages": 4}
-GRAD_HIDDEN_32 = {"BLOCK_T": 64, "BLOCK_H": 128, "BLOCK_K": 16, "NDOC": 2, "num_warps": 4, "num_stages": 3}
-GRAD_WEIGHT_32 = {"BLOCK_V": 64, "BLOCK_H": 128, "BLOCK_T": 16, "NDOC": 2, "num_warps": 4, "num_stages": 3}
-GRAD_BIAS = {"BLOCK_D": 16, "BLOCK_V": 128}
-# dH has few tiles when T is small (queries; the large batches a 250,002-term head trains at are not): the vocabulary
-# is then split in ranges whose fp32 partial sums go to a scratch of at most this size and are added in a fixed
-# order, until the programs fill the GPU twice over (each range ≥ 32 K steps).
-SPLIT_SCRATCH = 8 * 2**20
-MAX_NDOC = 4  # padded input: the documents a tile spans, where fixed, taken in one step up to this many
-# Under TRITON_INTERPRET=1: small tiles, so that small shapes cover several windows per segment, documents over
-# windows and segments, several documents per slab, odd segment edges and several K steps.
+# Backward gathers: the row strides are specialized (a unit column stride and 16-byte aligned rows make each thread
+# load 8 contiguous elements with one address). dW: a [64, 128] tile of gathered rows a step, 8 warps; dH: a row's
+# pairs 32 at a time over 256 columns, 4 warps. sm_90 (ptxas, Triton 3.9): 97 and 96 registers, no spills.
+GRAD_WEIGHT = {"BLOCK_V": 64, "BLOCK_H": 128, "num_warps": 8, "num_stages": 3}
+GRAD_WEIGHT_32 = {"BLOCK_V": 32, "BLOCK_H": 128, "num_warps": 8, "num_stages": 3}  # fp32 rows: 73 registers
+GRAD_HIDDEN = {"BLOCK_P": 32, "BLOCK_H": 256, "num_warps": 4, "num_stages": 3}
+# dH sorts the pairs of a group of documents at a time, in at most SORT_SCRATCH whatever the batch: SORT_BYTES a pair
+# (the key and the mask that builds it, the sorted keys and their int64 order, the radix sort's double buffers).
+SORT_SCRATCH = 8 * 2**20
+SORT_BYTES = 33
+# Under TRITON_INTERPRET=1: small tiles, so that small shapes cover several vocabulary and column blocks and rows
+# holding more pairs than one step takes.
 INTERPRETER_FORWARD = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_S": 2, "SLAB": 4, "SEGMENT": 40}
-INTERPRETER_GRAD_HIDDEN = {"BLOCK_T": 16, "BLOCK_H": 16, "BLOCK_K": 16, "NDOC": 2}
-INTERPRETER_GRAD_WEIGHT = {"BLOCK_V": 16, "BLOCK_H": 16, "BLOCK_T": 16, "NDOC": 2}
-INTERPRETER_GRAD_BIAS = {"BLOCK_D": 4, "BLOCK_V": 16}
+INTERPRETER_GRAD_WEIGHT = {"BLOCK_V": 16, "BLOCK_H": 16}
+INTERPRETER_GRAD_HIDDEN = {"BLOCK_P": 4, "BLOCK_H": 16}
 
 
 def _check_inputs(tokens: Tensor, weight: Tensor, bias: Tensor | None) -> None:
@@ -430,61 +367,31 @@ def _forward(tokens: Tensor, weight: Tensor, bias: Tensor | None, keep: Tensor |
     return out, arg
 
 
-def _pick(configs: dict, hidden: int, padded_len: int | None, rows_key: str, n_rows: int | None = None,
-          programs: int = 0) -> tuple[dict, bool]:
-    """(config, exact) for a backward kernel: the "small" variant where the main one has fewer tiles than programs
-    (n_rows given); BLOCK_H lowered to a power of two dividing H; NDOC the documents a tile (rows_key rows) spans
-    where padded input fixes it (exact: every tile spans at most NDOC), else the config's."""
-    if "small" in configs and n_rows is not None and \
-            triton.cdiv(n_rows, configs[rows_key]) * (hidden // _block_h(configs["BLOCK_H"], hidden)) < programs:
-        configs = configs["small"]
-    config = {k: v for k, v in configs.items() if k != "small"}
-    config["BLOCK_H"] = _block_h(config["BLOCK_H"], hidden)
-    exact = False
-    if padded_len:  # the most documents a tile of `rows` rows, starting at a multiple of them, can span
-        rows = config[rows_key]
-        span = 1 if padded_len % rows == 0 else rows // padded_len if rows % padded_len == 0 else \
-            (rows - 1) // padded_len + 2
-        if span <= MAX_NDOC:
-            config["NDOC"], exact = span, True
-    return config, exact
-
-
 def _block_h(block: int, hidden: int) -> int:
     while hidden % block:
         block //= 2
     return block
 
 
-def _sweeps(doc: Tensor, n_rows: int, block: int, ndoc: int) -> Tensor:
-    """int32 [1] on the device: dW's sweeps over the tokens, the most documents a BLOCK_T-row window spans over
-    NDOC (no host sync)."""
-    first = doc[::block]
-    last = doc[torch.arange(block - 1, n_rows + block - 1, block, device=doc.device).clamp_max_(n_rows - 1)]
-    return ((last - first).max().reshape(1) + ndoc).div_(ndoc, rounding_mode="floor")
+def _group(n_docs: int, n_vocab: int) -> int:
+    """Documents whose pairs dH sorts together (SORT_SCRATCH)."""
+    return max(1, min(n_docs, SORT_SCRATCH // (SORT_BYTES * n_vocab)))
 
 
-def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, doc: Tensor,
-              padded_len: int | None, activation: str, need_hidden: bool = True, need_weight: bool = True,
+def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, start: Tensor,
+              max_len: int | None, activation: str, need_hidden: bool = True, need_weight: bool = True,
               need_bias: bool = True, grads: tuple[Tensor | None, Tensor | None, Tensor | None] | None = None,
-              configs: tuple[dict, dict, dict] | None = None) -> tuple[Tensor, Tensor, Tensor]:
-    """(d tokens [T, H], dW [V, H], db float32 [V]); a gradient not asked for comes back empty. padded_len: the
-    documents' common row count (padded input), which fixes how many documents a tile spans.
-    grads: buffers to write into (tests poison them); configs: (hidden, weight, bias) tile configs."""
+              configs: tuple[dict, dict] | None = None, group: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """(d tokens [T, H], dW [V, H], db float32 [V]); a gradient not asked for comes back empty. start: int32 [B + 1],
+    each document's first row (start[B] = T); max_len: the most rows a document holds, where known (padded input).
+    grads: buffers to write into (tests poison them); configs: (weight, hidden) kernel configs; group: documents
+    sorted together for dH (default: as many as SORT_SCRATCH holds)."""
     n_rows, hidden = tokens.shape
     n_docs, n_vocab = out.shape
     device = tokens.device
-    cpu = device.type == "cpu"
     if configs is None:
-        if cpu:
-            configs = (INTERPRETER_GRAD_HIDDEN, INTERPRETER_GRAD_WEIGHT, INTERPRETER_GRAD_BIAS)
-        elif tokens.dtype == torch.float32:
-            configs = (GRAD_HIDDEN_32, GRAD_WEIGHT_32, GRAD_BIAS)
-        else:
-            configs = (GRAD_HIDDEN_16, GRAD_WEIGHT_16, GRAD_BIAS)
-    cfg_h, _ = _pick(configs[0], hidden, padded_len, "BLOCK_T", n_rows, _programs(device))
-    cfg_w, exact_w = _pick(configs[1], hidden, padded_len, "BLOCK_T")
-    cfg_b = configs[2]
+        configs = (INTERPRETER_GRAD_WEIGHT, INTERPRETER_GRAD_HIDDEN) if device.type == "cpu" else \
+            (GRAD_WEIGHT_32 if tokens.dtype == torch.float32 else GRAD_WEIGHT, GRAD_HIDDEN)
     dh_buf, dw_buf, db_buf = grads if grads is not None else (None, None, None)
     # row-major, whatever the inputs' strides (the kernels write rows of H); a gradient not asked for: an empty
     # tensor of its own (a custom op's outputs may not alias each other)
@@ -499,49 +406,34 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
     out, arg = out.contiguous(), arg.contiguous()
     strides = (grad.stride(0), grad.stride(1), out.stride(0))
     double_log = _double_log(activation)
-    scale = None
-    if tokens.dtype == torch.float16:
-        # S goes to the tensor cores in fp16: scaled by a power of two so that its largest value is near 2**14
-        # (|g| ≤ |grad_out|: act' ≤ 1), not lost below fp16's smallest normal; the fp32 sums are scaled back.
-        low, high = torch.aminmax(grad)
-        largest = torch.maximum(high, -low).float().clamp_min(2.0**-100)
-        scale = torch.exp2(14.0 - torch.ceil(torch.log2(largest)))
-    precision = _precision(tokens.dtype)
-    tokens = _tma_ready(tokens)
     with _on(device):
+        if need_weight or need_bias:
+            config = dict(configs[0])
+            config["BLOCK_H"] = _block_h(config["BLOCK_H"], hidden)
+            grid = (triton.cdiv(n_vocab, config["BLOCK_V"]), hidden // config["BLOCK_H"] if need_weight else 1)
+            _grad_weight_kernel[grid](tokens, grad, out, arg, dw if need_weight else None, db if need_bias else None,
+                                      tokens.stride(0), tokens.stride(1), *strides, n_docs, n_vocab, hidden,
+                                      DOUBLE_LOG=double_log, **config)
         if need_hidden:
-            cfg_h = dict(cfg_h)
-            block_k = cfg_h["BLOCK_K"]
-            tiles = triton.cdiv(n_rows, cfg_h["BLOCK_T"]) * (hidden // cfg_h["BLOCK_H"])
-            splits = cfg_h.pop("SPLIT", None) or _splits(tiles, _programs(device), n_rows * hidden * 4,
-                                                         triton.cdiv(n_vocab, block_k))
-            split_v = triton.cdiv(triton.cdiv(n_vocab, splits), block_k) * block_k
-            splits = triton.cdiv(n_vocab, split_v)
-            parts = torch.empty(splits, n_rows, hidden, dtype=torch.float32, device=device) if splits > 1 else None
-            weight_desc = TensorDescriptor.from_tensor(_tma_ready(weight), [block_k, cfg_h["BLOCK_H"]])
-            _grad_hidden_kernel[(tiles * splits,)](
-                weight_desc, grad, out, arg, doc, scale, dh, parts, *strides, n_rows, n_vocab, split_v, hidden,
-                DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_h)
-            if parts is not None:
-                for part in parts[1:]:  # in a fixed order, in place: no scratch beyond the partials
-                    parts[0] += part
-                dh.copy_(parts[0])
-        if need_weight:
-            tokens_desc = TensorDescriptor.from_tensor(tokens, [cfg_w["BLOCK_T"], cfg_w["BLOCK_H"]])
-            sweeps = None if exact_w else _sweeps(doc, n_rows, cfg_w["BLOCK_T"], cfg_w["NDOC"])
-            grid = (triton.cdiv(n_vocab, cfg_w["BLOCK_V"]) * (hidden // cfg_w["BLOCK_H"]),)
-            _grad_weight_kernel[grid](tokens_desc, grad, out, arg, doc, scale, sweeps, dw, *strides, n_rows, n_vocab,
-                                      hidden, DOUBLE_LOG=double_log, DOT_PRECISION=precision, **cfg_w)
-        if need_bias:
-            grid = (triton.cdiv(n_vocab, cfg_b["BLOCK_V"]),)
-            _grad_bias_kernel[grid](grad, out, db, *strides, n_docs, n_vocab, DOUBLE_LOG=double_log, **cfg_b)
+            config = dict(configs[1])
+            config["BLOCK_H"] = _block_h(config["BLOCK_H"], hidden)
+            group = group or _group(n_docs, n_vocab)
+            # the rows a group can hold: max_len a document where known (padded), else every row
+            rows = torch.arange((min(n_rows, group * max_len) if max_len else n_rows) + 1, dtype=torch.int32,
+                                device=device)
+            grid = (min(rows.numel() - 1, 8 * _programs(device)), hidden // config["BLOCK_H"])
+            start = start.to(device=device, dtype=torch.int32)
+            for d0 in range(0, n_docs, group):
+                d1 = min(d0 + group, n_docs)
+                # the group's pairs with a gradient, by argmax row (stable: within a row, in term order); the others
+                # sort last, past every row
+                key = torch.where(out[d0:d1] > 0, arg[d0:d1], torch.iinfo(torch.int32).max).reshape(-1)
+                keys, pairs = torch.sort(key, stable=True)
+                first = torch.searchsorted(keys, rows + start[d0], out_int32=True)
+                _grad_hidden_kernel[grid](weight, grad, out, start, pairs, first, dh, weight.stride(0),
+                                          weight.stride(1), *strides, n_vocab, d0, d1, hidden,
+                                          DOUBLE_LOG=double_log, **config)
     return dh, dw, db
-
-
-def _splits(tiles: int, programs: int, part_bytes: int, k_steps: int) -> int:
-    """How many vocabulary ranges dH's K loop is split in (see SPLIT_SCRATCH)."""
-    wanted = triton.cdiv(2 * programs, tiles)
-    return max(1, min(wanted, SPLIT_SCRATCH // part_bytes, k_steps // 32))
 
 
 def _padded_rows(hidden: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -610,14 +502,14 @@ def _(hidden: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor, m
 
 
 @torch.library.custom_op("sparton::splade_max_backward", mutates_args=())
-def splade_max_backward_op(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, doc: Tensor,
-                           padded_len: int | None, activation: str, need_hidden: bool, need_weight: bool,
+def splade_max_backward_op(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, start: Tensor,
+                           max_len: int | None, activation: str, need_hidden: bool, need_weight: bool,
                            need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _backward(grad, out, arg, tokens, weight, doc, padded_len, activation, need_hidden, need_weight, need_bias)
+    return _backward(grad, out, arg, tokens, weight, start, max_len, activation, need_hidden, need_weight, need_bias)
 
 
 @splade_max_backward_op.register_fake
-def _(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, doc: Tensor, padded_len: int | None,
+def _(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, start: Tensor, max_len: int | None,
       activation: str, need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     return (tokens.new_empty(tokens.shape) if need_hidden else tokens.new_empty(0),
             weight.new_empty(weight.shape) if need_weight else weight.new_empty(0),
@@ -638,10 +530,11 @@ def _setup_padded(ctx, inputs: tuple, output: tuple) -> None:
 def _backward_padded(ctx, grad: Tensor, _grad_arg: Tensor | None) -> tuple:
     hidden, weight, bias, out, arg = ctx.saved_tensors
     batch, seq, size = hidden.shape
-    doc = torch.arange(batch, device=hidden.device, dtype=torch.int32).repeat_interleave(seq)
+    start = torch.arange(0, (batch + 1) * seq, seq, device=hidden.device, dtype=torch.int32)
     need_h, need_w, need_b = ctx.needs_input_grad[:3]
-    dh, dw, db = torch.ops.sparton.splade_max_backward(grad, out, arg, hidden.reshape(batch * seq, size), weight, doc,
-                                                      seq, ctx.activation, need_h, need_w, need_b and bias is not None)
+    dh, dw, db = torch.ops.sparton.splade_max_backward(grad, out, arg, hidden.reshape(batch * seq, size), weight,
+                                                      start, seq, ctx.activation, need_h, need_w,
+                                                      need_b and bias is not None)
     return (dh.view(batch, seq, size) if need_h else None, dw if need_w else None, _bias_grad(db, bias), None, None)
 
 
@@ -654,10 +547,9 @@ def _setup_packed(ctx, inputs: tuple, output: tuple) -> None:
 
 def _backward_packed(ctx, grad: Tensor, _grad_arg: Tensor | None) -> tuple:
     hidden, weight, bias, cu_seqlens, out, arg = ctx.saved_tensors
-    doc, _ = _packed_rows(hidden, cu_seqlens)
     need_h, need_w, need_b = ctx.needs_input_grad[:3]
-    dh, dw, db = torch.ops.sparton.splade_max_backward(grad, out, arg, hidden, weight, doc, None, ctx.activation,
-                                                      need_h, need_w, need_b and bias is not None)
+    dh, dw, db = torch.ops.sparton.splade_max_backward(grad, out, arg, hidden, weight, cu_seqlens, None,
+                                                      ctx.activation, need_h, need_w, need_b and bias is not None)
     return dh if need_h else None, dw if need_w else None, _bias_grad(db, bias), None, None, None
 
 

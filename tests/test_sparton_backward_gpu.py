@@ -3,8 +3,8 @@
 Two checks, kept apart so that each has a sharp bar. The forward's argmax against the float64 reference's: they may
 differ only at near ties (the kernel sums in float32 in another order), where the kernel's row must hold a logit
 within rounding of the maximum. The backward against float64 products from the kernel's own argmax
-(reference._argmax_backward), which leaves only the rounding of S to the 16-bit operand dtype (bf16: 2^-9 an element)
-and fp32 accumulation order.
+(reference._argmax_backward), which leaves only fp32 accumulation order and the rounding of each gradient to its
+input's dtype (bf16: 2^-8 an element, fp16: 2^-11); and two backward runs must give the same bits.
 """
 
 import pytest
@@ -18,7 +18,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 HIDDEN = 768
-TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+TOL = {torch.float32: 1e-4, torch.float16: 1e-3, torch.bfloat16: 5e-3}
 
 
 def _weights(seed: int, vocab: int, dtype: torch.dtype):
@@ -74,21 +74,23 @@ def _check_argmax(tokens: torch.Tensor, doc: torch.Tensor, n_docs: int, w, b, ar
         assert abs(a - r) <= 1e-5 * (1 + abs(r)), f"({d}, {v}): row {got} logit {a} vs {ref} {r} (seed {seed})"
 
 
-def _check_backward(grad, out, arg, tokens, w, doc, padded_len, dtype, seed, what):
-    dh, dw, db = training._backward(grad, out, arg, tokens, w, doc, padded_len, "log1p_relu")
+def _check_backward(grad, out, arg, tokens, w, start, max_len, dtype, seed, what, group=None):
+    got = training._backward(grad, out, arg, tokens, w, start, max_len, "log1p_relu", group=group)
     want = reference._argmax_backward(grad.double(), out, arg.long(), tokens.double(), w.double(), "log1p_relu",
                                       (True, True, True))
-    for name, got, ref in (("hidden", dh, want[0]), ("weight", dw, want[1]), ("bias", db, want[2])):
-        assert torch.isfinite(got).all(), f"{what}: non-finite {name} gradient (seed {seed})"
-        err = _rel(got, ref)
+    for name, value, ref in zip(("hidden", "weight", "bias"), got, want):
+        assert torch.isfinite(value).all(), f"{what}: non-finite {name} gradient (seed {seed})"
+        err = _rel(value, ref)
         print(f"{what} {name}: rel err {err:.2e}")
         assert err <= TOL[dtype], f"{what}: {name} gradient rel err {err:.2e} (seed {seed})"
+    again = training._backward(grad, out, arg, tokens, w, start, max_len, "log1p_relu", group=group)
+    assert all(torch.equal(x, y) for x, y in zip(got, again)), f"{what}: two runs differ (seed {seed})"
 
 
 @pytest.mark.parametrize("vocab", [30_522, 250_002])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_padded_forward_and_backward(vocab, dtype, seed):
-    """Padded 256-token documents: the backward's one-document tiles."""
+    """Padded 256-token documents with holes and an all-padding row."""
     h, w, b, mask, g = _padded(seed, vocab, dtype, batch=16 if dtype != torch.float32 else 8)
     batch, seq, _ = h.shape
     out, arg = training.splade_max_argmax_triton(h, w, b, mask)
@@ -102,14 +104,14 @@ def test_padded_forward_and_backward(vocab, dtype, seed):
     kept_arg = torch.where(arg >= 0, torch.cumsum(keep, 0)[arg.long().clamp_min(0)] - 1, -1)  # rows among kept ones
     _check_argmax(tokens[keep], doc[keep], batch, w, b, kept_arg, seed)
     grad = torch.randn(batch, vocab, device="cuda", generator=g)
-    _check_backward(grad, out, arg, tokens, w, doc, seq, dtype, seed, f"padded V={vocab} {dtype}")
+    start = torch.arange(0, (batch + 1) * seq, seq, device="cuda", dtype=torch.int32)
+    _check_backward(grad, out, arg, tokens, w, start, seq, dtype, seed, f"padded V={vocab} {dtype}")
 
 
 @pytest.mark.parametrize("vocab", [30_522, 250_002])
 @pytest.mark.parametrize(("dtype", "longest"), [(torch.bfloat16, 256), (torch.float16, 256), (torch.bfloat16, 12)])
 def test_packed_forward_and_backward(vocab, dtype, longest, seed):
-    """Packed documents of 0..256 tokens (several documents in a tile, tiles over two documents), and of 0..12
-    tokens (queries: a tile holds ten or more, dH takes them in several groups, dW sweeps the tokens several times)."""
+    """Packed documents of 0..256 tokens, and of 0..12 tokens (queries: 200 of them, dH sorts them in groups)."""
     tokens, w, b, cu, g = _packed(seed, vocab, dtype, n_docs=40 if longest > 64 else 200, longest=longest)
     n_docs = cu.numel() - 1
     out, arg = training.splade_max_packed_argmax_triton(tokens, w, b, cu)
@@ -121,56 +123,46 @@ def test_packed_forward_and_backward(vocab, dtype, longest, seed):
     doc, _ = training._packed_rows(tokens, cu)
     _check_argmax(tokens, doc, n_docs, w, b, arg, seed)
     grad = torch.randn(n_docs, vocab, device="cuda", generator=g)
-    _check_backward(grad, out, arg, tokens, w, doc, None, dtype, seed, f"packed V={vocab} {dtype}")
+    _check_backward(grad, out, arg, tokens, w, cu, None, dtype, seed, f"packed V={vocab} {dtype}")
 
 
 @pytest.mark.parametrize("vocab", [30_522, 250_002])
-def test_query_batches_split_the_vocabulary(vocab, seed):
-    """8 queries of 32 tokens: dH has 12 tiles (of 64 rows), so its vocabulary is split in ranges (fp32 partials,
-    fixed-order sum); against the float64 products, into a poisoned buffer."""
+def test_documents_sorted_one_at_a_time(vocab, seed):
+    """dH sorting one document's pairs at a time (what a 250,002-term head does beyond its scratch): the float64
+    products, into a poisoned buffer."""
     h, w, b, mask, g = _padded(seed, vocab, torch.bfloat16, batch=8, seq=32)
     out, arg = training.splade_max_argmax_triton(h, w, b, mask)
     tokens = h.reshape(-1, HIDDEN)
-    doc = torch.arange(8, device="cuda", dtype=torch.int32).repeat_interleave(32)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    config, _ = training._pick(training.GRAD_HIDDEN_16, HIDDEN, 32, "BLOCK_T", tokens.shape[0], sms)
-    assert (config["BLOCK_T"], config["NDOC"]) == (64, 2)
-    assert training._splits(12, sms, tokens.shape[0] * HIDDEN * 4, triton_cdiv(vocab, config["BLOCK_K"])) > 1
+    start = torch.arange(0, 9 * 32, 32, device="cuda", dtype=torch.int32)
     grad = torch.randn(8, vocab, device="cuda", generator=g)
     poisoned = torch.full_like(tokens, float("nan"))
-    dh, _, _ = training._backward(grad, out, arg, tokens, w, doc, 32, "log1p_relu", need_weight=False,
-                                  need_bias=False, grads=(poisoned, None, None))
+    dh, _, _ = training._backward(grad, out, arg, tokens, w, start, 32, "log1p_relu", need_weight=False,
+                                  need_bias=False, grads=(poisoned, None, None), group=1)
     want = reference._argmax_backward(grad.double(), out, arg.long(), tokens.double(), w.double(), "log1p_relu",
                                       (True, False, False))[0]
-    assert torch.isfinite(dh).all(), f"seed {seed}"
+    assert dh is poisoned and torch.isfinite(dh).all(), f"seed {seed}"
     assert _rel(dh, want) <= TOL[torch.bfloat16], f"seed {seed}"
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @pytest.mark.parametrize("packed", [False, True])
 def test_poisoned_gradients_and_odd_vocabulary(packed, seed):
     """NaN-filled gradient buffers are fully written at an odd vocabulary size, bias None: packed documents, and padded
-    ones of 192 rows (tiles over two documents) with and without their common length."""
+    ones of 192 rows with and without their common length."""
     vocab = 30_001
     if packed:
         tokens, w, _, cu, g = _packed(seed, vocab, torch.bfloat16)
         out, arg = training.splade_max_packed_argmax_triton(tokens, w, None, cu)
-        doc, _ = training._packed_rows(tokens, cu)
-        padded_len = None
+        start, padded_len = cu, None
     else:
         h, w, _, mask, g = _padded(seed, vocab, torch.bfloat16, batch=6, seq=192)
         out, arg = training.splade_max_argmax_triton(h, w, None, mask)
         tokens = h.reshape(-1, HIDDEN)
-        doc = torch.arange(6, device="cuda", dtype=torch.int32).repeat_interleave(192)
-        padded_len = 192
+        start, padded_len = torch.arange(0, 7 * 192, 192, device="cuda", dtype=torch.int32), 192
     grad = torch.randn(out.shape, device="cuda", generator=g)
     buffers = (torch.full_like(tokens, float("nan")), torch.full_like(w, float("nan")),
                torch.full((vocab,), float("nan"), device="cuda", dtype=w.dtype))
     for path in {padded_len, None}:
-        dh, dw, db = training._backward(grad, out, arg, tokens, w, doc, path, "log1p_relu", grads=buffers)
+        dh, dw, db = training._backward(grad, out, arg, tokens, w, start, path, "log1p_relu", grads=buffers)
         torch.cuda.synchronize()
         for name, t in (("dH", dh), ("dW", dw), ("db", db)):
             assert torch.isfinite(t).all(), f"{name}: unwritten elements (padded_len {path}, seed {seed})"
@@ -197,21 +189,20 @@ def test_ties_and_autograd_end_to_end(seed):
 
 
 def test_fp16_small_upstream_gradients_keep_their_precision(seed):
-    """fp16 S is scaled by a power of two before the cast: with upstream gradients of ~2^-14 (S mostly below fp16's
-    smallest normal) dW still matches the float64 products within fp16 rounding of the output."""
+    """g is computed and summed in fp32: with upstream gradients of ~2^-14 (below fp16's smallest normal once
+    multiplied by the activation's slope) dW still matches the float64 products within fp16 rounding of the output."""
     tokens, w, b, cu, g = _packed(seed, 30_522, torch.float16, n_docs=12)
     out, arg = training.splade_max_packed_argmax_triton(tokens, w, b, cu)
-    doc, _ = training._packed_rows(tokens, cu)
     grad = torch.randn(out.shape, device="cuda", generator=g) * 2.0**-14
-    _, dw, _ = training._backward(grad, out, arg, tokens, w, doc, None, "log1p_relu")
+    _, dw, _ = training._backward(grad, out, arg, tokens, w, cu, None, "log1p_relu")
     want = reference._argmax_backward(grad.double(), out, arg.long(), tokens.double(), w.double(), "log1p_relu",
                                       (False, True, False))[1]
     assert _rel(dw, want) <= 5e-3, f"seed {seed}"
 
 
 def test_memory_beyond_outputs_and_argmax(seed):
-    """Forward + backward at V=250,002, 64 documents of 256 tokens: peak memory beyond the inputs, the outputs
-    (w, argmax, dH, dW, db) stays within 8 MiB."""
+    """Forward + backward at V=250,002, 64 documents of 256 tokens: peak memory beyond the inputs and the outputs
+    (w, argmax, dH, dW, db) stays within dH's sort scratch and 1 MiB."""
     h, w, b, mask, g = _padded(seed, 250_002, torch.bfloat16, batch=64)
     grad = torch.randn(64, 250_002, device="cuda", generator=g)
     torch.cuda.synchronize()
@@ -220,13 +211,13 @@ def test_memory_beyond_outputs_and_argmax(seed):
     torch.cuda.reset_peak_memory_stats()
     out, arg = training.splade_max_argmax_triton(h, w, b, mask)
     tokens = h.reshape(-1, HIDDEN)
-    doc = torch.arange(64, device="cuda", dtype=torch.int32).repeat_interleave(256)
-    grads = training._backward(grad, out, arg, tokens, w, doc, 256, "log1p_relu")
+    start = torch.arange(0, 65 * 256, 256, device="cuda", dtype=torch.int32)
+    grads = training._backward(grad, out, arg, tokens, w, start, 256, "log1p_relu")
     torch.cuda.synchronize()
-    owned = sum(t.numel() * t.element_size() for t in (out, arg, doc, *grads))
+    owned = sum(t.numel() * t.element_size() for t in (out, arg, start, *grads))
     extra = torch.cuda.max_memory_allocated() - before - owned
     print(f"extra peak memory: {extra / 2**20:.2f} MiB")
-    assert extra <= 8 * 2**20, f"{extra / 2**20:.1f} MiB beyond outputs (seed {seed})"
+    assert extra <= training.SORT_SCRATCH + 2**20, f"{extra / 2**20:.1f} MiB beyond outputs (seed {seed})"
 
 
 @pytest.mark.parametrize("packed", [False, True])
