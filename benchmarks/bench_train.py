@@ -31,10 +31,14 @@ Sections (--sections, default all; per body in this order; the compiled head's a
           query/document pairs from the same initial weights, data and dropout masks with the Sparton head, the eager
           head and the eager head in fp32 (autocast off inside it): Sparton against eager next to the noise floor of
           bf16 rounding, fp32 eager against eager, per step and on curves smoothed over --smooth steps.
-Writes results/train_<GPU>.json, .csv and .png, each with its provenance.
+--checkpoint-body recomputes the body's activations in the backward (transformers' gradient checkpointing, for every
+head): a body's activations otherwise bound the largest batch of a head that needs little memory, as Sparton's does.
+Writes results/train_<GPU>.json, .csv and .png (train_<GPU>_checkpointed.* with --checkpoint-body), each with its
+provenance.
 
     python benchmarks/bench_train.py                     # everything, a few minutes on one GPU
     python benchmarks/bench_train.py --sections step,curves --quick
+    python benchmarks/bench_train.py --sections batch --checkpoint-body --batch-cap 8192
     python benchmarks/bench_train.py --device cpu --quick --out /tmp/x   # smoke run of the code paths (reference head)
 """
 
@@ -109,6 +113,16 @@ class Splade(nn.Module):
     def hidden(self, ids: Tensor, mask: Tensor) -> Tensor:
         h = self.body(input_ids=ids, attention_mask=mask).last_hidden_state
         return self.norm(F.gelu(self.dense(h)))
+
+
+def checkpoint_body(body: nn.Module) -> None:
+    """Activation checkpointing of every layer, non-reentrant (activation_checkpointing_enable, or its older name
+    where a transformers release lacks it)."""
+    enable = getattr(body, "activation_checkpointing_enable", None)
+    if enable is not None:
+        enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        body.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def make_config(kind: str, vocab: int, tiny: bool):
@@ -896,7 +910,8 @@ def write_results(out: Path, gpu: str, meta: dict, rows: list[dict], curves: dic
     matplotlib.use("Agg")
     prov = provenance()
     out.mkdir(parents=True, exist_ok=True)
-    stem = out / ("train_" + gpu.replace(" ", "_").replace("/", "_"))
+    tag = "_checkpointed" if meta.get("checkpoint_body") else ""
+    stem = out / ("train_" + gpu.replace(" ", "_").replace("/", "_") + tag)
     table = [r for r in rows if r["section"] != "curves"]
     stem.with_suffix(".json").write_text(json.dumps(with_provenance(
         {"meta": meta, "rows": table, "bounds": bounds(rows), "curves": curves}, prov), indent=1))
@@ -1024,6 +1039,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (at least one per batch of --batches)")
     parser.add_argument("--batches", type=int, default=3, help="distinct batches the timed steps cycle through")
     parser.add_argument("--no-profile", action="store_true", help="skip the profiled step (device busy times)")
+    parser.add_argument("--checkpoint-body", action="store_true",
+                        help="recompute the body's activations in the backward (gradient checkpointing), every head")
     parser.add_argument("--batch-cap", type=int, default=2048)
     parser.add_argument("--batch-seconds", type=float, default=20.0, help="time budget of one largest-batch search")
     parser.add_argument("--step-batches", default="64,16", help="step-timing batch of each body (one eager fits)")
@@ -1053,7 +1070,8 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"gpu": gpu, "device": args.device, "args": {k: str(v) for k, v in vars(args).items()},
             "precision": "bf16 autocast over fp32 weights; one bf16 decoder copy a step for every head; the Sparton "
                          "head on the real tokens (packed), cast to bf16",
-            "query_len": QUERY_LEN, "doc_len": DOC_LEN, "lambda_q": LAMBDA_Q, "lambda_d": LAMBDA_D}
+            "query_len": QUERY_LEN, "doc_len": DOC_LEN, "lambda_q": LAMBDA_Q, "lambda_d": LAMBDA_D,
+            "checkpoint_body": args.checkpoint_body}
     rows: list[dict] = []
     curves = None
     started = time.perf_counter()
@@ -1089,6 +1107,8 @@ def main(argv: list[str] | None = None) -> int:
                 log(f"{name} (V={vocab}), {'+'.join(names)}, {time.perf_counter() - started:.0f} s in")
                 heads = make_heads(tuple(names))
                 model = Splade(make_config(kind, vocab, tiny=cpu)).to(args.device)
+                if args.checkpoint_body:
+                    checkpoint_body(model.body)
                 if "step" in sections and within_budget(f"{label} step"):
                     rows += section_step(model, heads, args.device, vocab, step_batch, args, gen)
                 if "head" in sections and within_budget(f"{label} head"):

@@ -491,3 +491,17 @@ def test_bench_train_smoke_run_on_cpu(tmp_path):
         assert summary[key]["max"] < 1e-3, summary
     assert (tmp_path / "train_cpu.csv").read_text().startswith("# provenance: ")
     assert b"provenance" in (tmp_path / "train_cpu.png").read_bytes()[:4096]
+
+
+def test_bench_train_checkpointed_body_on_cpu(tmp_path):
+    """--checkpoint-body: the step trains with the body's activations recomputed in the backward, and the results go
+    to their own files, saying so."""
+    import json
+
+    bench = _bench_train()
+    args = ["--device", "cpu", "--quick", "--bodies", "bert-base", "--sections", "step", "--heads", "sparton",
+            "--steps", "1", "--checkpoint-body", "--out", str(tmp_path)]
+    assert bench.main(args) == 0
+    result = json.loads((tmp_path / "train_cpu_checkpointed.json").read_text())
+    assert result["meta"]["checkpoint_body"] is True and not (tmp_path / "train_cpu.json").exists()
+    assert [row["status"] for row in result["rows"]] == ["ok"]
