@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -340,28 +341,36 @@ def test_a_slower_worker_takes_fewer_units_and_the_bytes_stay_one_workers(tmp_pa
 
 
 def test_a_worker_records_how_long_it_waited_for_input_and_for_the_writer(tmp_path, monkeypatch):
-    """A worker's stats say what held its model up after start-up: here reading is slowed by a second a piece, far
-    more than the model takes for it (16 documents of 8 tokens), so the wait grows with it; the writer keeps pace
-    (its wait stays small); both fit in the run's time."""
-    from lsr_index.encode import feed
+    """A worker's stats say what held its model up after start-up: here each piece after the first is read only once
+    the worker has handed the previous one to the writer, half a second later, so the worker waits at least that for
+    each whatever its own speed; the writer keeps pace (its wait stays small); both fit in the run's time."""
+    from lsr_index.encode import feed, sink
     from lsr_index.encode.job import EncodeJob, EncodeOptions
     from lsr_index.encode.run import encode_corpus
 
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(line + "\n" for line in SAMPLE.read_text().splitlines()[:96]))
-    tokenize = feed.tokenize_pieces
+    tokenize, put = feed.tokenize_pieces, sink.ChunkSink.put
+    handed = threading.Semaphore(0)
+
+    def counted(self, *args, **kwargs):
+        put(self, *args, **kwargs)
+        handed.release()
 
     def slowly(items, *args):
-        for item in tokenize(items, *args):
-            time.sleep(1.0)
+        for k, item in enumerate(tokenize(items, *args)):
+            if k:  # on CPU the worker asks for this piece once the previous one is handed over
+                assert handed.acquire(timeout=300), "the worker never handed a piece over"
+                time.sleep(0.5)
             yield item
 
+    monkeypatch.setattr(sink.ChunkSink, "put", counted)
     monkeypatch.setattr(feed, "tokenize_pieces", slowly)
     options = EncodeOptions(shard_docs=100, output_format="jsonl", progress=False, doc_max_length=8, piece_docs=16)
     manifest = encode_corpus(EncodeJob(inputs=(str(corpus),), options=options), tmp_path / "out", ("cpu",))
     worker, = manifest.stats.per_worker
     after_startup = manifest.stats.seconds - worker.startup_seconds
-    assert 5 * 0.5 <= worker.input_wait_seconds <= after_startup  # six pieces: five waited for after the first
+    assert 5 * 0.45 <= worker.input_wait_seconds <= after_startup  # six pieces: five waited for after the first
     assert 0 <= worker.output_wait_seconds < 0.5 * after_startup
     saved = Manifest.load(tmp_path / "out").stats.per_worker[0]
     assert (saved.input_wait_seconds, saved.output_wait_seconds) == (worker.input_wait_seconds,
