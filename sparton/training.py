@@ -8,9 +8,10 @@ token row each:
 As products over [tokens, vocab] they would cost 4·T·H·V multiply-adds; as gathers they cost 2·B·V·H (L times fewer
 for documents of L tokens), and pairs without a gradient (relu cut) read nothing. dW and db gather each term's B rows
 of H in document order. dH needs each row's pairs: a stable sort of a group of documents' pairs by argmax row (pairs
-X
-a fixed order, no atomics: the gradients are deterministic. Memory beyond inputs, outputs and the int32 argmax: one
-group's sort, at most SORT_SCRATCH.
+without a gradient sort last), then the programs take the rows in turn, each finding its row's pairs in the sorted
+keys by binary search and gathering their rows of W in term order. Sums are fp32 in a fixed order, no atomics: the
+gradients are deterministic. Memory beyond inputs, outputs and the int32 argmax: one group's sort, at most
+SORT_SCRATCH (or one document's, where a vocabulary holds more pairs than that).
 
 Tie rule: the argmax is the lowest token row (the earliest kept token of the document) among those whose logit
 equals the maximum; a document without a kept token has argmax -1 and gets no gradient. The PyTorch reference
@@ -210,18 +211,19 @@ def _grad_weight_kernel(
     offs_v = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     v_ok = offs_v < V
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    cols_v, cols_h = offs_v.to(tl.int64), offs_h.to(tl.int64)  # strided views: offsets past 2^31 elements
     acc = tl.zeros((BLOCK_V, BLOCK_H), dtype=tl.float32)
     total = tl.zeros((BLOCK_V,), dtype=tl.float32)
     for d in range(0, B):
         d = tl.cast(d, tl.int64)  # a loop counter: a plain int under the interpreter
-        go = tl.load(grad_ptr + d * stride_gd + offs_v * stride_gv, mask=v_ok, other=0.0)
+        go = tl.load(grad_ptr + d * stride_gd + cols_v * stride_gv, mask=v_ok, other=0.0)
         w = tl.load(out_ptr + d * stride_w + offs_v, mask=v_ok, other=0.0)
         g = _grad_pre(go, w, DOUBLE_LOG)
         total += g
         if dw_ptr is not None:
             arg = tl.load(arg_ptr + d * stride_w + offs_v, mask=v_ok, other=-1)
             hit = (g != 0.0) & (arg >= 0)
-            rows = tl.load(tokens_ptr + arg.to(tl.int64)[:, None] * stride_tt + offs_h[None, :] * stride_th,
+            rows = tl.load(tokens_ptr + arg.to(tl.int64)[:, None] * stride_tt + cols_h[None, :] * stride_th,
                            mask=hit[:, None], other=0.0)
             acc += g[:, None] * rows.to(tl.float32)
     if dw_ptr is not None:
@@ -232,14 +234,27 @@ def _grad_weight_kernel(
         tl.store(db_ptr + offs_v, total, mask=first_block)
 
 
-@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "V", "doc0", "doc1"])
+@triton.jit
+def _lower_bound(keys_ptr, n, target):
+    """The first index of the sorted keys[0:n] whose key is at least target (n if none)."""
+    lo = tl.zeros((), dtype=tl.int64)
+    hi = lo + n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        below = tl.load(keys_ptr + mid) < target
+        lo = tl.where(below, mid + 1, lo)
+        hi = tl.where(below, hi, mid)
+    return lo
+
+
+@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "V", "n_pairs", "doc0", "doc1"])
 def _grad_hidden_kernel(
     weight_ptr,  # [V, H], any strides
     grad_ptr,  # [B, V] upstream gradient, any strides
     out_ptr,  # [B, V] fp32 forward output, row-major
-    start_ptr,  # [B + 1] int32 first row of each document
-    pairs_ptr,  # int64: the group's (document, term) pairs with a gradient, (d - doc0)·V + v, sorted by argmax row
-    first_ptr,  # int32: the pairs of the group's r-th row are pairs[first[r] : first[r + 1]]
+    bounds_ptr,  # [B + 1] int32 first row of each document, with bounds[0] = 0 and bounds[B] = T
+    keys_ptr,  # int32 [n_pairs]: the group's pairs' argmax rows, sorted (pairs without a gradient: past every row)
+    pairs_ptr,  # int64 [n_pairs]: the pairs in that order, (d - doc0)·V + v
     dh_ptr,  # [T, H] output, hidden's dtype, row-major
     stride_wv,
     stride_wh,
@@ -247,6 +262,7 @@ def _grad_hidden_kernel(
     stride_gv,
     stride_w,
     V,
+    n_pairs,
     doc0,  # the group's documents: doc0 .. doc1 - 1
     doc1,
     H: tl.constexpr,
@@ -254,15 +270,17 @@ def _grad_hidden_kernel(
     BLOCK_H: tl.constexpr,
     DOUBLE_LOG: tl.constexpr,
 ):
-    """dH[t, h] = Σ g[d, v]·W[v, h] over the pairs whose argmax is row t: row t's pairs gathered BLOCK_P at a time
-    (their W rows from L2 or memory), in term order. The programs take the group's rows in turn (how many rows it
-    holds is read here, not on the host: no sync); every row is written, zeros where no pair chose it."""
+    """dH[t, h] = Σ g[d, v]·W[v, h] over the pairs whose argmax is row t: row t's pairs, found in the sorted keys by
+    binary search, gathered BLOCK_P at a time (their W rows from L2 or memory), in term order. The programs take the
+    group's rows in turn (how many rows it holds is read here, not on the host: no sync); every row is written, zeros
+    where no pair chose it."""
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    row0 = tl.load(start_ptr + doc0)
-    row1 = tl.load(start_ptr + doc1)
-    for r in range(tl.program_id(0), row1 - row0, tl.num_programs(0)):
-        lo = tl.load(first_ptr + r)
-        hi = tl.load(first_ptr + r + 1)
+    cols_h = offs_h.to(tl.int64)  # strided views: offsets past 2^31 elements
+    row0 = tl.load(bounds_ptr + doc0)
+    row1 = tl.load(bounds_ptr + doc1)
+    for row in range(row0 + tl.program_id(0), row1, tl.num_programs(0)):
+        lo = _lower_bound(keys_ptr, n_pairs, row)
+        hi = _lower_bound(keys_ptr, n_pairs, row + 1)
         acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
         for k in range(lo, hi, BLOCK_P):
             offs = k + tl.arange(0, BLOCK_P)
@@ -274,11 +292,10 @@ def _grad_hidden_kernel(
             go = tl.load(grad_ptr + d * stride_gd + v * stride_gv, mask=ok, other=0.0)
             w = tl.load(out_ptr + d * stride_w + v, mask=ok, other=0.0)
             g = _grad_pre(go, w, DOUBLE_LOG)
-            cols = tl.load(weight_ptr + v[:, None] * stride_wv + offs_h[None, :] * stride_wh, mask=ok[:, None],
+            cols = tl.load(weight_ptr + v[:, None] * stride_wv + cols_h[None, :] * stride_wh, mask=ok[:, None],
                            other=0.0)
             acc += tl.sum(g[:, None] * cols.to(tl.float32), axis=0)
-        row = tl.cast(row0 + r, tl.int64)
-        tl.store(dh_ptr + row * H + offs_h, acc.to(dh_ptr.dtype.element_ty))
+        tl.store(dh_ptr + tl.cast(row, tl.int64) * H + offs_h, acc.to(dh_ptr.dtype.element_ty))
 
 
 # ---------------------------------------------------------------------------------------------------- launchers
@@ -290,13 +307,15 @@ FORWARD_16 = {"BLOCK_V": 256, "BLOCK_L": 128, "BLOCK_K": 64, "GROUP_S": 8, "SLAB
 FORWARD_32 = {"BLOCK_V": 128, "BLOCK_L": 64, "BLOCK_K": 32, "GROUP_S": 8, "SLAB": 16, "SEGMENT": 1024,
               "num_warps": 8, "num_stages": 3}
 # Backward gathers: the row strides are specialized (a unit column stride and 16-byte aligned rows make each thread
-# load 8 contiguous elements with one address). dW: a [64, 128] tile of gathered rows a step, 8 warps; dH: a row's
-# pairs 32 at a time over 256 columns, 4 warps. sm_90 (ptxas, Triton 3.9): 97 and 96 registers, no spills.
-GRAD_WEIGHT = {"BLOCK_V": 64, "BLOCK_H": 128, "num_warps": 8, "num_stages": 3}
-GRAD_WEIGHT_32 = {"BLOCK_V": 32, "BLOCK_H": 128, "num_warps": 8, "num_stages": 3}  # fp32 rows: 73 registers
+# load 8 contiguous elements with one address). dW: a [32, 256] tile of gathered rows a step, 8 warps (256 columns:
+# the grad, output and argmax of a pair are read H / 256 times); dH: a row's pairs 32 at a time over 256 columns,
+# 4 warps. sm_90 (ptxas, Triton 3.9): 99 and 91 registers for 16-bit rows, 73 and 176 for fp32, no spills.
+GRAD_WEIGHT = {"BLOCK_V": 32, "BLOCK_H": 256, "num_warps": 8, "num_stages": 3}
+GRAD_WEIGHT_32 = {"BLOCK_V": 32, "BLOCK_H": 128, "num_warps": 8, "num_stages": 3}
 GRAD_HIDDEN = {"BLOCK_P": 32, "BLOCK_H": 256, "num_warps": 4, "num_stages": 3}
-# dH sorts the pairs of a group of documents at a time, in at most SORT_SCRATCH whatever the batch: SORT_BYTES a pair
-# (the key and the mask that builds it, the sorted keys and their int64 order, the radix sort's double buffers).
+# dH sorts the pairs of a group of documents at a time: SORT_BYTES a pair (the key and the mask that builds it, the
+# sorted keys and their int64 order, the radix sort's double buffers), as many documents as fit SORT_SCRATCH (one at
+# least), whatever the batch.
 SORT_SCRATCH = 8 * 2**20
 SORT_BYTES = 33
 # Under TRITON_INTERPRET=1: small tiles, so that small shapes cover several vocabulary and column blocks and rows
@@ -418,20 +437,20 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
             config = dict(configs[1])
             config["BLOCK_H"] = _block_h(config["BLOCK_H"], hidden)
             group = group or _group(n_docs, n_vocab)
-            # the rows a group can hold: max_len a document where known (padded), else every row
-            rows = torch.arange((min(n_rows, group * max_len) if max_len else n_rows) + 1, dtype=torch.int32,
-                                device=device)
-            grid = (min(rows.numel() - 1, 8 * _programs(device)), hidden // config["BLOCK_H"])
-            start = start.to(device=device, dtype=torch.int32)
+            # the rows a group can hold (the grid): max_len a document where known (padded), else every row
+            grid = (min(min(n_rows, group * max_len) if max_len else n_rows, 8 * _programs(device)),
+                    hidden // config["BLOCK_H"])
+            # the first group starts at row 0 and the last ends at T: rows outside every document are written too
+            bounds = start.to(device=device, dtype=torch.int32, copy=True)
+            bounds[0], bounds[-1] = 0, n_rows
             for d0 in range(0, n_docs, group):
                 d1 = min(d0 + group, n_docs)
                 # the group's pairs with a gradient, by argmax row (stable: within a row, in term order); the others
                 # sort last, past every row
                 key = torch.where(out[d0:d1] > 0, arg[d0:d1], torch.iinfo(torch.int32).max).reshape(-1)
                 keys, pairs = torch.sort(key, stable=True)
-                first = torch.searchsorted(keys, rows + start[d0], out_int32=True)
-                _grad_hidden_kernel[grid](weight, grad, out, start, pairs, first, dh, weight.stride(0),
-                                          weight.stride(1), *strides, n_vocab, d0, d1, hidden,
+                _grad_hidden_kernel[grid](weight, grad, out, bounds, keys, pairs, dh, weight.stride(0),
+                                          weight.stride(1), *strides, n_vocab, keys.numel(), d0, d1, hidden,
                                           DOUBLE_LOG=double_log, **config)
     return dh, dw, db
 

@@ -265,6 +265,47 @@ def test_many_short_documents_sorted_in_groups(group, seed):
     _check_grads(got, (want[2][mask], want[3], want[4]), torch.float32, seed, f"group {group}")
 
 
+@needs_interpreter
+def test_rows_outside_every_document_get_zero_gradient(seed):
+    """Packed rows before cu_seqlens[0] and after cu_seqlens[-1] (a buffer of fixed capacity) belong to no document:
+    their dH is written, as zeros, into a poisoned buffer."""
+    h, w, b, g = _inputs(seed, 1, 12, 16, 20, torch.float32)
+    tokens = h[0]
+    cu = torch.tensor([2, 5, 9], dtype=torch.int32)
+    out, arg = training.splade_max_packed_argmax_triton(tokens[2:9], w, b, cu - 2)
+    arg = torch.where(arg >= 0, arg + 2, -1)  # rows of the whole buffer
+    grad = torch.randn(2, 20, generator=g)
+    dh = training._backward(grad, out, arg, tokens, w, cu, None, "log1p_relu", True, False, False,
+                            grads=(torch.full_like(tokens, float("nan")), None, None))[0]
+    assert torch.isfinite(dh).all() and (dh[:2] == 0).all() and (dh[9:] == 0).all(), f"seed {seed}"
+    inside = training._backward(grad, out, arg - 2, tokens[2:9], w, cu - 2, None, "log1p_relu", True, False, False)[0]
+    assert torch.equal(dh[2:9], inside), f"seed {seed}"
+
+
+@needs_interpreter
+def test_offsets_past_two_to_the_31_elements(tmp_path, seed):
+    """An upstream gradient viewed with a column stride of 2^28 + 1 (a transposed [B, V] gradient with B·V past 2^31
+    elements): its addresses need 64-bit offsets. A sparse file holds the view's storage without using the memory."""
+    batch, seq, hidden, vocab = 2, 4, 16, 17
+    stride, offset = 2**28 + 1, 2**32  # v·stride passes 2^31 from v = 8; the offset keeps a wrapped address mapped
+    size = offset + (vocab - 1) * stride + batch
+    path = tmp_path / "grad.bin"
+    with path.open("wb") as f:
+        f.truncate(size * 4)
+    grad = torch.from_file(str(path), shared=True, size=size, dtype=torch.float32).as_strided(
+        (batch, vocab), (1, stride), offset)
+    h, w, _, g = _inputs(seed, batch, seq, hidden, vocab, torch.float32)
+    grad.copy_(torch.rand(batch, vocab, generator=g) + 0.5)
+    b = torch.full((vocab,), 2.0)  # every term positive: every pair has a gradient
+    mask = torch.ones(batch, seq, dtype=torch.bool)
+    out, arg = training.splade_max_argmax_triton(h, w, b, mask)
+    tokens, start = h.reshape(-1, hidden), torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32)
+    got = training._backward(grad, out, arg, tokens, w, start, seq, "log1p_relu")
+    want = training._backward(grad.contiguous(), out, arg, tokens, w, start, seq, "log1p_relu")
+    for name, a, r in zip(("dH", "dW", "db"), got, want):
+        assert torch.equal(a, r), f"{name} differs with the strided gradient (seed {seed})"
+
+
 @pytest.mark.skipif(training is None, reason="triton missing")
 def test_dh_sorts_a_bounded_group_of_documents():
     """The documents whose pairs dH sorts together fit SORT_SCRATCH (at least one document, at most the batch)."""

@@ -61,11 +61,11 @@ def _variants():
                 yield (f"{name} double_log={double_log}", training._grad_weight_kernel, params, constants, aligned,
                        {"num_warps": weight["num_warps"], "num_stages": weight["num_stages"]})
             hidden = training.GRAD_HIDDEN
-            params = {"weight_ptr": f"*{short}", "grad_ptr": "*fp32", "out_ptr": "*fp32", "start_ptr": "*i32",
-                      "pairs_ptr": "*i64", "first_ptr": "*i32", "dh_ptr": f"*{short}", "stride_wv": "i32",
+            params = {"weight_ptr": f"*{short}", "grad_ptr": "*fp32", "out_ptr": "*fp32", "bounds_ptr": "*i32",
+                      "keys_ptr": "*i32", "pairs_ptr": "*i64", "dh_ptr": f"*{short}", "stride_wv": "i32",
                       "stride_wh": "i32", "stride_gd": "i32", "stride_gv": "i32", "stride_w": "i32", "V": "i32",
-                      "doc0": "i32", "doc1": "i32", "H": "constexpr", "BLOCK_P": "constexpr", "BLOCK_H": "constexpr",
-                      "DOUBLE_LOG": "constexpr"}
+                      "n_pairs": "i32", "doc0": "i32", "doc1": "i32", "H": "constexpr", "BLOCK_P": "constexpr",
+                      "BLOCK_H": "constexpr", "DOUBLE_LOG": "constexpr"}
             constants = {"stride_wh": 1, "H": _HIDDEN, "BLOCK_P": hidden["BLOCK_P"], "BLOCK_H": hidden["BLOCK_H"],
                          "DOUBLE_LOG": double_log}
             aligned = {name for name in params if name.endswith("_ptr")} | {"stride_wv"}
