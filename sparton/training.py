@@ -313,11 +313,11 @@ FORWARD_32 = {"BLOCK_V": 128, "BLOCK_L": 64, "BLOCK_K": 32, "GROUP_S": 8, "SLAB"
 GRAD_WEIGHT = {"BLOCK_V": 32, "BLOCK_H": 256, "num_warps": 8, "num_stages": 3}
 GRAD_WEIGHT_32 = {"BLOCK_V": 32, "BLOCK_H": 128, "num_warps": 8, "num_stages": 3}
 GRAD_HIDDEN = {"BLOCK_P": 32, "BLOCK_H": 256, "num_warps": 4, "num_stages": 3}
-# dH sorts the pairs of a group of documents at a time: SORT_BYTES a pair (the key and the mask that builds it, the
-# sorted keys and their int64 order, the radix sort's double buffers), as many documents as fit SORT_SCRATCH (one at
-# least), whatever the batch.
-SORT_SCRATCH = 8 * 2**20
-SORT_BYTES = 33
+# dH sorts the pairs of a group of documents at a time: SORT_BYTES a pair (the int32 key and the mask that builds it;
+# torch.sort's sorted keys, int64 order and the int64 positions it starts from; the radix sort's alternate buffers),
+# as many documents as fit SORT_SCRATCH (one at least: 10 MB at V = 250,002), whatever the batch.
+SORT_SCRATCH = 16 * 2**20
+SORT_BYTES = 40
 # Under TRITON_INTERPRET=1: small tiles, so that small shapes cover several vocabulary and column blocks and rows
 # holding more pairs than one step takes.
 INTERPRETER_FORWARD = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_S": 2, "SLAB": 4, "SEGMENT": 40}
