@@ -126,3 +126,40 @@ def test_a_missing_input_is_reported_before_torch_or_a_model_loads(tmp_path):
     assert not (tmp_path / "v").exists() and not (tmp_path / "cache").exists()
 
 
+
+
+KILLED_ONCE_COMPLETE = """
+import os, sys
+from pathlib import Path
+from lsr_index.encode.job import EncodeJob, EncodeOptions
+from lsr_index.encode.run import encode_corpus
+from lsr_index.vectors.manifest import Manifest
+
+save = Manifest.save
+
+def save_then_die(self, out):
+    save(self, out)
+    if self.complete:  # as a SIGKILL right after the complete manifest is durable
+        os._exit(9)
+
+Manifest.save = save_then_die
+options = EncodeOptions(shard_docs=40, output_format="jsonl", progress=False, doc_max_length=16, piece_docs=8,
+                        checkpoint_seconds=0.0)
+encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cpu",))
+"""
+
+
+def test_a_kill_once_the_manifest_is_complete_leaves_no_chunk_files(tmp_path):
+    """Shards joined from several checkpointed chunks: their chunk files go before the manifest says complete, so a
+    kill just after it leaves a complete output holding nothing else (it is never resumed, which would delete them)."""
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(line + "\n" for line in SAMPLE.read_text().splitlines()[:100]))
+    out = tmp_path / "v"
+    run = subprocess.run([sys.executable, "-c", KILLED_ONCE_COMPLETE, str(corpus), str(out)], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 9, run.stderr
+    from lsr_index.vectors.manifest import Manifest
+
+    manifest = Manifest.load(out)
+    assert manifest.complete and len(manifest.shards) == 3 and not manifest.chunks
+    assert sorted(p.name for p in (out / "shards").iterdir()) == sorted(Path(s.file).name for s in manifest.shards)
