@@ -267,9 +267,8 @@ class Plan:
                                     input_wait_seconds=r.input_wait, output_wait_seconds=r.output_wait)
                         for r in results],
             per_node=nodes)
-        # the joined chunks deleted before the manifest says complete: a kill after the complete save would leave
-        # them, and a complete output is never resumed (which deletes what the manifest does not list)
-        self.save()
+        if self.obsolete:  # the joined chunks deleted before the manifest says complete: a kill after the complete
+            self.save()  # save would leave them, and a complete output is never resumed (which deletes the unlisted)
         with completing():
             m.complete = True
             self.save()
