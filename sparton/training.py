@@ -5,13 +5,14 @@ its argmax row. With g[d, v] = grad_out[d, v] · act'(pre[d, v]) (act' is a func
 where w = 0, and log1p's derivative 1/(1+x) is e^-w), the gradients are sums over the B·V (document, term) pairs, one
 token row each:
     dW[v] = Σ_d g[d, v]·H[arg[d, v]],    dH[t] = Σ_{(d, v): arg[d, v] = t} g[d, v]·W[v],    db[v] = Σ_d g[d, v].
-As products over [tokens, vocab] they would cost 4·T·H·V multiply-adds; as gathers they cost 2·B·V·H (L times fewer
-for documents of L tokens), and pairs without a gradient (relu cut) read nothing. dW and db gather each term's B rows
-of H in document order. dH needs each row's pairs: a stable sort of a group of documents' pairs by argmax row (pairs
-without a gradient sort last), then the programs take the rows in turn, each finding its row's pairs in the sorted
-keys by binary search and gathering their rows of W in term order. Sums are fp32 in a fixed order, no atomics: the
-gradients are deterministic. Memory beyond inputs, outputs and the int32 argmax: one group's sort, at most
-SORT_SCRATCH (or one document's, where a vocabulary holds more pairs than that).
+dW and db gather each term's B rows of H in document order: 2·B·V·H reads instead of a [V, T] by [T, H] product's
+2·T·V·H multiply-adds (L times fewer for documents of L tokens), and pairs without a gradient (relu cut) read
+nothing. dH is the product G·W of a one-hot G [T, V] (G[t, v] = g[d, v] where arg[d, v] = t, t a row of document d)
+on the tensor cores: each program takes a chunk of one document's rows, builds G's tiles in registers from the
+document's g and argmax as it walks the vocabulary, and never stores them. A gather for dH would need each row's
+pairs: a sort, scratch memory, and a short document's few rows each summing thousands of pairs one after another.
+Sums are fp32 in a fixed order, no atomics: the gradients are deterministic. Memory beyond inputs, outputs and the
+int32 argmax: two int32 [B + 1] tables.
 
 Tie rule: the argmax is the lowest token row (the earliest kept token of the document) among those whose logit
 equals the maximum; a document without a kept token has argmax -1 and gets no gradient. The PyTorch reference
@@ -247,55 +248,58 @@ def _lower_bound(keys_ptr, n, target):
     return lo
 
 
-@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "V", "n_pairs", "doc0", "doc1"])
+@triton.jit(do_not_specialize=["stride_gd", "stride_gv", "stride_w", "B", "V"])
 def _grad_hidden_kernel(
     weight_ptr,  # [V, H], any strides
     grad_ptr,  # [B, V] upstream gradient, any strides
     out_ptr,  # [B, V] fp32 forward output, row-major
+    arg_ptr,  # [B, V] int32 argmax row (-1: none), row-major
     bounds_ptr,  # [B + 1] int32 first row of each document, with bounds[0] = 0 and bounds[B] = T
-    keys_ptr,  # int32 [n_pairs]: the group's pairs' argmax rows, sorted (pairs without a gradient: past every row)
-    pairs_ptr,  # int64 [n_pairs]: the pairs in that order, (d - doc0)·V + v
+    chunks_ptr,  # [B + 1] int32 first chunk of each document (a chunk: BLOCK_T rows of one document)
     dh_ptr,  # [T, H] output, hidden's dtype, row-major
     stride_wv,
     stride_wh,
     stride_gd,
     stride_gv,
     stride_w,
+    B,
     V,
-    n_pairs,
-    doc0,  # the group's documents: doc0 .. doc1 - 1
-    doc1,
     H: tl.constexpr,
-    BLOCK_P: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_V: tl.constexpr,
     BLOCK_H: tl.constexpr,
     DOUBLE_LOG: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
-    """dH[t, h] = Σ g[d, v]·W[v, h] over the pairs whose argmax is row t: row t's pairs, found in the sorted keys by
-    binary search, gathered BLOCK_P at a time (their W rows from L2 or memory), in term order. The programs take the
-    group's rows in turn (how many rows it holds is read here, not on the host: no sync); every row is written, zeros
-    where no pair chose it."""
+    """dH[t, h] = Σ_v G[t, v]·W[v, h] for BLOCK_T rows of one document d and BLOCK_H columns, where G[t, v] =
+    g[d, v] if arg[d, v] = t, else 0: the scatter of the document's pairs onto its rows is a one-hot product on the
+    tensor cores, G built tile by tile in registers from the document's g and argmax (one compare a element) and
+    never stored. G is rounded to W's dtype (as an eager bf16 head's gradient of the logits is), fp32 accumulation
+    over the vocabulary in a fixed order. Every row of the chunk is written, zeros where no pair chose it."""
+    chunk = tl.program_id(0)
+    if chunk >= tl.load(chunks_ptr + B):  # the grid holds every chunk the batch could need
+        return
+    d = _lower_bound(chunks_ptr + 1, B, chunk + 1)  # the document whose chunks hold this one
+    rows = tl.load(bounds_ptr + d) + (chunk - tl.load(chunks_ptr + d)) * BLOCK_T + tl.arange(0, BLOCK_T)
+    row_ok = rows < tl.load(bounds_ptr + d + 1)
     offs_h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     cols_h = offs_h.to(tl.int64)  # strided views: offsets past 2^31 elements
-    row0 = tl.load(bounds_ptr + doc0)
-    row1 = tl.load(bounds_ptr + doc1)
-    for row in range(row0 + tl.program_id(0), row1, tl.num_programs(0)):
-        lo = _lower_bound(keys_ptr, n_pairs, row)
-        hi = _lower_bound(keys_ptr, n_pairs, row + 1)
-        acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
-        for k in range(lo, hi, BLOCK_P):
-            offs = k + tl.arange(0, BLOCK_P)
-            ok = offs < hi
-            pair = tl.load(pairs_ptr + offs, mask=ok, other=0)
-            d = pair // V
-            v = pair - d * V
-            d += doc0
-            go = tl.load(grad_ptr + d * stride_gd + v * stride_gv, mask=ok, other=0.0)
-            w = tl.load(out_ptr + d * stride_w + v, mask=ok, other=0.0)
-            g = _grad_pre(go, w, DOUBLE_LOG)
-            cols = tl.load(weight_ptr + v[:, None] * stride_wv + cols_h[None, :] * stride_wh, mask=ok[:, None],
-                           other=0.0)
-            acc += tl.sum(g[:, None] * cols.to(tl.float32), axis=0)
-        tl.store(dh_ptr + tl.cast(row, tl.int64) * H + offs_h, acc.to(dh_ptr.dtype.element_ty))
+    d = d.to(tl.int64)
+    acc = tl.zeros((BLOCK_T, BLOCK_H), dtype=tl.float32)
+    for v0 in range(0, V, BLOCK_V):
+        offs_v = v0 + tl.arange(0, BLOCK_V)
+        v_ok = offs_v < V
+        cols_v = offs_v.to(tl.int64)
+        arg = tl.load(arg_ptr + d * stride_w + offs_v, mask=v_ok, other=-1)
+        go = tl.load(grad_ptr + d * stride_gd + cols_v * stride_gv, mask=v_ok, other=0.0)
+        w = tl.load(out_ptr + d * stride_w + offs_v, mask=v_ok, other=0.0)
+        g = _grad_pre(go, w, DOUBLE_LOG)
+        onehot = tl.where(arg[None, :] == rows[:, None], g[None, :], 0.0)
+        cols = tl.load(weight_ptr + cols_v[:, None] * stride_wv + cols_h[None, :] * stride_wh, mask=v_ok[:, None],
+                       other=0.0)
+        acc = tl.dot(onehot.to(cols.dtype), cols, acc, input_precision=DOT_PRECISION)
+    tl.store(dh_ptr + rows[:, None].to(tl.int64) * H + offs_h[None, :], acc.to(dh_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
 
 
 # ---------------------------------------------------------------------------------------------------- launchers
@@ -306,23 +310,18 @@ FORWARD_16 = {"BLOCK_V": 256, "BLOCK_L": 128, "BLOCK_K": 64, "GROUP_S": 8, "SLAB
               "num_warps": 8, "num_stages": 3}
 FORWARD_32 = {"BLOCK_V": 128, "BLOCK_L": 64, "BLOCK_K": 32, "GROUP_S": 8, "SLAB": 16, "SEGMENT": 1024,
               "num_warps": 8, "num_stages": 3}
-# Backward gathers: the row strides are specialized (a unit column stride and 16-byte aligned rows make each thread
-# load 8 contiguous elements with one address). dW: a [32, 256] tile of gathered rows a step, 8 warps (256 columns:
-# the grad, output and argmax of a pair are read H / 256 times); dH: a row's pairs 32 at a time over 256 columns,
-# 4 warps. sm_90 (ptxas, Triton 3.9): 99 and 91 registers for 16-bit rows, 73 and 176 for fp32, no spills.
+# dW gathers rows: the row strides are specialized (a unit column stride and 16-byte aligned rows make each thread
+# load 8 contiguous elements with one address); a [32, 256] tile of gathered rows a step, 8 warps (256 columns: the
+# grad, output and argmax of a pair are read H / 256 times). dH: a one-hot [64, 64] tile times a [64, 256] tile of W
+# a step, one warpgroup (wgmma's M = 64: a short document's chunk wastes the fewest rows).
 GRAD_WEIGHT = {"BLOCK_V": 32, "BLOCK_H": 256, "num_warps": 8, "num_stages": 3}
 GRAD_WEIGHT_32 = {"BLOCK_V": 32, "BLOCK_H": 128, "num_warps": 8, "num_stages": 3}
-GRAD_HIDDEN = {"BLOCK_P": 32, "BLOCK_H": 256, "num_warps": 4, "num_stages": 3}
-# dH sorts the pairs of a group of documents at a time: SORT_BYTES a pair (the int32 key and the mask that builds it;
-# torch.sort's sorted keys, int64 order and the int64 positions it starts from; the radix sort's alternate buffers),
-# as many documents as fit SORT_SCRATCH (one at least: 10 MB at V = 250,002), whatever the batch.
-SORT_SCRATCH = 16 * 2**20
-SORT_BYTES = 40
-# Under TRITON_INTERPRET=1: small tiles, so that small shapes cover several vocabulary and column blocks and rows
-# holding more pairs than one step takes.
+GRAD_HIDDEN = {"BLOCK_T": 64, "BLOCK_V": 64, "BLOCK_H": 256, "num_warps": 4, "num_stages": 3}
+GRAD_HIDDEN_32 = {"BLOCK_T": 64, "BLOCK_V": 32, "BLOCK_H": 128, "num_warps": 4, "num_stages": 3}
+# Under TRITON_INTERPRET=1: small tiles, so that small shapes cover several vocabulary, column and row blocks.
 INTERPRETER_FORWARD = {"BLOCK_V": 32, "BLOCK_L": 16, "BLOCK_K": 16, "GROUP_S": 2, "SLAB": 4, "SEGMENT": 40}
 INTERPRETER_GRAD_WEIGHT = {"BLOCK_V": 16, "BLOCK_H": 16}
-INTERPRETER_GRAD_HIDDEN = {"BLOCK_P": 4, "BLOCK_H": 16}
+INTERPRETER_GRAD_HIDDEN = {"BLOCK_T": 16, "BLOCK_V": 16, "BLOCK_H": 16}
 
 
 def _check_inputs(tokens: Tensor, weight: Tensor, bias: Tensor | None) -> None:
@@ -392,25 +391,19 @@ def _block_h(block: int, hidden: int) -> int:
     return block
 
 
-def _group(n_docs: int, n_vocab: int) -> int:
-    """Documents whose pairs dH sorts together (SORT_SCRATCH)."""
-    return max(1, min(n_docs, SORT_SCRATCH // (SORT_BYTES * n_vocab)))
-
-
 def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, start: Tensor,
-              max_len: int | None, activation: str, need_hidden: bool = True, need_weight: bool = True,
+              activation: str, need_hidden: bool = True, need_weight: bool = True,
               need_bias: bool = True, grads: tuple[Tensor | None, Tensor | None, Tensor | None] | None = None,
-              configs: tuple[dict, dict] | None = None, group: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+              configs: tuple[dict, dict] | None = None) -> tuple[Tensor, Tensor, Tensor]:
     """(d tokens [T, H], dW [V, H], db float32 [V]); a gradient not asked for comes back empty. start: int32 [B + 1],
-    each document's first row (start[B] = T); max_len: the most rows a document holds, where known (padded input).
-    grads: buffers to write into (tests poison them); configs: (weight, hidden) kernel configs; group: documents
-    sorted together for dH (default: as many as SORT_SCRATCH holds)."""
+    each document's first row (start[B] = T).
+    grads: buffers to write into (tests poison them); configs: (weight, hidden) kernel configs."""
     n_rows, hidden = tokens.shape
     n_docs, n_vocab = out.shape
     device = tokens.device
     if configs is None:
         configs = (INTERPRETER_GRAD_WEIGHT, INTERPRETER_GRAD_HIDDEN) if device.type == "cpu" else \
-            (GRAD_WEIGHT_32 if tokens.dtype == torch.float32 else GRAD_WEIGHT, GRAD_HIDDEN)
+            (GRAD_WEIGHT_32, GRAD_HIDDEN_32) if tokens.dtype == torch.float32 else (GRAD_WEIGHT, GRAD_HIDDEN)
     dh_buf, dw_buf, db_buf = grads if grads is not None else (None, None, None)
     # row-major, whatever the inputs' strides (the kernels write rows of H); a gradient not asked for: an empty
     # tensor of its own (a custom op's outputs may not alias each other)
@@ -436,22 +429,17 @@ def _backward(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Te
         if need_hidden:
             config = dict(configs[1])
             config["BLOCK_H"] = _block_h(config["BLOCK_H"], hidden)
-            group = group or _group(n_docs, n_vocab)
-            # the rows a group can hold (the grid): max_len a document where known (padded), else every row
-            grid = (min(min(n_rows, group * max_len) if max_len else n_rows, 8 * _programs(device)),
-                    hidden // config["BLOCK_H"])
-            # the first group starts at row 0 and the last ends at T: rows outside every document are written too
+            block_t = config["BLOCK_T"]
+            # chunks of BLOCK_T rows of one document each; the first document starts at row 0 and the last ends at
+            # T: rows outside every document are written too (zeros). At most T / BLOCK_T + B chunks: no device sync
             bounds = start.to(device=device, dtype=torch.int32, copy=True)
             bounds[0], bounds[-1] = 0, n_rows
-            for d0 in range(0, n_docs, group):
-                d1 = min(d0 + group, n_docs)
-                # the group's pairs with a gradient, by argmax row (stable: within a row, in term order); the others
-                # sort last, past every row
-                key = torch.where(out[d0:d1] > 0, arg[d0:d1], torch.iinfo(torch.int32).max).reshape(-1)
-                keys, pairs = torch.sort(key, stable=True)
-                _grad_hidden_kernel[grid](weight, grad, out, bounds, keys, pairs, dh, weight.stride(0),
-                                          weight.stride(1), *strides, n_vocab, keys.numel(), d0, d1, hidden,
-                                          DOUBLE_LOG=double_log, **config)
+            chunks = torch.zeros_like(bounds)
+            torch.cumsum((bounds[1:] - bounds[:-1] + block_t - 1) // block_t, 0, dtype=torch.int32, out=chunks[1:])
+            grid = (triton.cdiv(n_rows, block_t) + n_docs, hidden // config["BLOCK_H"])
+            _grad_hidden_kernel[grid](weight, grad, out, arg, bounds, chunks, dh, weight.stride(0), weight.stride(1),
+                                      *strides, n_docs, n_vocab, hidden, DOUBLE_LOG=double_log,
+                                      DOT_PRECISION=_precision(weight.dtype), **config)
     return dh, dw, db
 
 
@@ -522,13 +510,13 @@ def _(hidden: Tensor, weight: Tensor, bias: Tensor | None, cu_seqlens: Tensor, m
 
 @torch.library.custom_op("sparton::splade_max_backward", mutates_args=())
 def splade_max_backward_op(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, start: Tensor,
-                           max_len: int | None, activation: str, need_hidden: bool, need_weight: bool,
+                           activation: str, need_hidden: bool, need_weight: bool,
                            need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return _backward(grad, out, arg, tokens, weight, start, max_len, activation, need_hidden, need_weight, need_bias)
+    return _backward(grad, out, arg, tokens, weight, start, activation, need_hidden, need_weight, need_bias)
 
 
 @splade_max_backward_op.register_fake
-def _(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, start: Tensor, max_len: int | None,
+def _(grad: Tensor, out: Tensor, arg: Tensor, tokens: Tensor, weight: Tensor, start: Tensor,
       activation: str, need_hidden: bool, need_weight: bool, need_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     return (tokens.new_empty(tokens.shape) if need_hidden else tokens.new_empty(0),
             weight.new_empty(weight.shape) if need_weight else weight.new_empty(0),
@@ -552,7 +540,7 @@ def _backward_padded(ctx, grad: Tensor, _grad_arg: Tensor | None) -> tuple:
     start = torch.arange(0, (batch + 1) * seq, seq, device=hidden.device, dtype=torch.int32)
     need_h, need_w, need_b = ctx.needs_input_grad[:3]
     dh, dw, db = torch.ops.sparton.splade_max_backward(grad, out, arg, hidden.reshape(batch * seq, size), weight,
-                                                      start, seq, ctx.activation, need_h, need_w,
+                                                      start, ctx.activation, need_h, need_w,
                                                       need_b and bias is not None)
     return (dh.view(batch, seq, size) if need_h else None, dw if need_w else None, _bias_grad(db, bias), None, None)
 
@@ -567,7 +555,7 @@ def _setup_packed(ctx, inputs: tuple, output: tuple) -> None:
 def _backward_packed(ctx, grad: Tensor, _grad_arg: Tensor | None) -> tuple:
     hidden, weight, bias, cu_seqlens, out, arg = ctx.saved_tensors
     need_h, need_w, need_b = ctx.needs_input_grad[:3]
-    dh, dw, db = torch.ops.sparton.splade_max_backward(grad, out, arg, hidden, weight, cu_seqlens, None,
+    dh, dw, db = torch.ops.sparton.splade_max_backward(grad, out, arg, hidden, weight, cu_seqlens,
                                                       ctx.activation, need_h, need_w, need_b and bias is not None)
     return dh if need_h else None, dw if need_w else None, _bias_grad(db, bias), None, None, None
 

@@ -216,8 +216,7 @@ def test_ties_go_to_the_lowest_row(dtype, seed):
 @pytest.mark.parametrize("packed", [False, True])
 def test_poisoned_gradient_buffers_are_fully_written(packed, seed):
     """NaN-filled dH, dW, db: the kernels must write every element (padding rows, rows of empty documents and terms
-    nobody's argmax reaches included), whether dH sorts the documents one at a time or all together and whether the
-    rows a document holds are known (padded input) or not; every way gives the same bits."""
+    nobody's argmax reaches included), the same bits twice."""
     h, w, b, g = _inputs(seed, 3, 32, 32, 51, torch.float32)
     mask = torch.rand(3, 32, generator=g) < 0.5
     mask[1] = False
@@ -225,44 +224,39 @@ def test_poisoned_gradient_buffers_are_fully_written(packed, seed):
     if packed:
         tokens, start = _pack(h, [32, 0, 9])
         out, arg = training.splade_max_packed_argmax_triton(tokens, w, b, start)
-        lengths = (None,)
     else:
         tokens = h.reshape(-1, 32)
         start = torch.arange(0, 4 * 32, 32, dtype=torch.int32)
         out, arg = training.splade_max_argmax_triton(h, w, b, mask)
-        lengths = (32, None)
     results = []
-    for max_len in lengths:
-        for group in (1, None):
-            grads = tuple(torch.full_like(t, float("nan")) for t in (tokens, w, b))
-            got = training._backward(grad, out, arg, tokens, w, start, max_len, "log1p_relu", grads=grads,
-                                     group=group)
-            assert all(x is y for x, y in zip(got, grads)), "the given buffers must be the ones written"
-            for name, t in zip(("dH", "dW", "db"), got):
-                assert torch.isfinite(t).all(), f"{name}: unwritten elements ({max_len}, {group}, seed {seed})"
-            results.append(got)
-    assert all(torch.equal(x, y) for other in results[1:] for x, y in zip(results[0], other)), f"seed {seed}"
+    for _ in range(2):
+        grads = tuple(torch.full_like(t, float("nan")) for t in (tokens, w, b))
+        got = training._backward(grad, out, arg, tokens, w, start, "log1p_relu", grads=grads)
+        assert all(x is y for x, y in zip(got, grads)), "the given buffers must be the ones written"
+        for name, t in zip(("dH", "dW", "db"), got):
+            assert torch.isfinite(t).all(), f"{name}: unwritten elements (seed {seed})"
+        results.append(got)
+    assert all(torch.equal(x, y) for x, y in zip(*results)), f"seed {seed}"
 
 
 @needs_interpreter
-@pytest.mark.parametrize("group", [1, 3, None])
-def test_many_short_documents_sorted_in_groups(group, seed):
-    """Packed documents of 0-7 rows, dH's pairs sorted one, three or all documents at a time (groups ending on an
-    empty document included); rows holding more pairs than one step takes: the oracle's gradients, into poisoned
-    buffers."""
-    lengths = [3, 0, 7, 1, 1, 5, 2, 0, 6, 4, 1, 7, 3, 2, 0, 5, 1, 1, 1, 6]
+@pytest.mark.parametrize("block_t", [16, 32])
+def test_documents_of_every_length_in_chunks_of_rows(block_t, seed):
+    """Packed documents of 0-40 rows, dH in chunks of 16 or 32 rows of one document each: short documents of one
+    chunk, long ones of several, empty ones of none (first, among others and last): the oracle's gradients, into
+    poisoned buffers."""
+    lengths = [0, 3, 0, 7, 1, 40, 1, 5, 2, 0, 33, 6, 4, 1, 17, 3, 2, 16, 5, 1, 1, 1, 6, 0]
     seq = max(lengths)
     h, w, b, g = _inputs(seed, len(lengths), seq, 32, 45, torch.float32)
     tokens, cu = _pack(h, lengths)
     grad = torch.randn(len(lengths), 45, generator=g)
     out, arg = training.splade_max_packed_argmax_triton(tokens, w, b, cu)
-    rows = arg[arg >= 0].long().bincount(minlength=tokens.shape[0])
-    assert rows.max() > 2 * training.INTERPRETER_GRAD_HIDDEN["BLOCK_P"], "a row must hold several steps of pairs"
     buffers = tuple(torch.full_like(t, float("nan")) for t in (tokens, w, b))
-    got = training._backward(grad, out, arg, tokens, w, cu, None, "log1p_relu", grads=buffers, group=group)
+    configs = (training.INTERPRETER_GRAD_WEIGHT, {**training.INTERPRETER_GRAD_HIDDEN, "BLOCK_T": block_t})
+    got = training._backward(grad, out, arg, tokens, w, cu, "log1p_relu", grads=buffers, configs=configs)
     mask = _prefix_mask(lengths, seq)
     want = _oracle(h, w, b, mask, grad, choice=torch.where(arg >= 0, arg - cu[:-1].long()[:, None], -1).long())
-    _check_grads(got, (want[2][mask], want[3], want[4]), torch.float32, seed, f"group {group}")
+    _check_grads(got, (want[2][mask], want[3], want[4]), torch.float32, seed, f"chunks of {block_t} rows")
 
 
 @needs_interpreter
@@ -275,10 +269,10 @@ def test_rows_outside_every_document_get_zero_gradient(seed):
     out, arg = training.splade_max_packed_argmax_triton(tokens[2:9], w, b, cu - 2)
     arg = torch.where(arg >= 0, arg + 2, -1)  # rows of the whole buffer
     grad = torch.randn(2, 20, generator=g)
-    dh = training._backward(grad, out, arg, tokens, w, cu, None, "log1p_relu", True, False, False,
+    dh = training._backward(grad, out, arg, tokens, w, cu, "log1p_relu", True, False, False,
                             grads=(torch.full_like(tokens, float("nan")), None, None))[0]
     assert torch.isfinite(dh).all() and (dh[:2] == 0).all() and (dh[9:] == 0).all(), f"seed {seed}"
-    inside = training._backward(grad, out, arg - 2, tokens[2:9], w, cu - 2, None, "log1p_relu", True, False, False)[0]
+    inside = training._backward(grad, out, arg - 2, tokens[2:9], w, cu - 2, "log1p_relu", True, False, False)[0]
     assert torch.equal(dh[2:9], inside), f"seed {seed}"
 
 
@@ -300,19 +294,10 @@ def test_offsets_past_two_to_the_31_elements(tmp_path, seed):
     mask = torch.ones(batch, seq, dtype=torch.bool)
     out, arg = training.splade_max_argmax_triton(h, w, b, mask)
     tokens, start = h.reshape(-1, hidden), torch.arange(0, (batch + 1) * seq, seq, dtype=torch.int32)
-    got = training._backward(grad, out, arg, tokens, w, start, seq, "log1p_relu")
-    want = training._backward(grad.contiguous(), out, arg, tokens, w, start, seq, "log1p_relu")
+    got = training._backward(grad, out, arg, tokens, w, start, "log1p_relu")
+    want = training._backward(grad.contiguous(), out, arg, tokens, w, start, "log1p_relu")
     for name, a, r in zip(("dH", "dW", "db"), got, want):
         assert torch.equal(a, r), f"{name} differs with the strided gradient (seed {seed})"
-
-
-@pytest.mark.skipif(training is None, reason="triton missing")
-def test_dh_sorts_a_bounded_group_of_documents():
-    """The documents whose pairs dH sorts together fit SORT_SCRATCH (at least one document, at most the batch)."""
-    for n_docs, vocab in ((64, 30_522), (1_216, 30_522), (72, 250_002), (3, 50), (5, 10**8)):
-        group = training._group(n_docs, vocab)
-        assert 1 <= group <= n_docs
-        assert group == 1 or group * vocab * training.SORT_BYTES <= training.SORT_SCRATCH
 
 
 @needs_interpreter
@@ -380,7 +365,7 @@ def test_custom_ops_registration(seed):
                           test_utils=utils)
     out, arg = training.splade_max_argmax_triton(h, w.detach(), b, mask)
     start = torch.tensor([0, 5, 10], dtype=torch.int32)
-    args = (torch.randn(2, 40), out, arg, h.reshape(10, 32), w.detach(), start, 5, "log1p_relu", True, True, True)
+    args = (torch.randn(2, 40), out, arg, h.reshape(10, 32), w.detach(), start, "log1p_relu", True, True, True)
     torch.library.opcheck(torch.ops.sparton.splade_max_backward.default, args, test_utils=("test_schema",
                                                                                            "test_faketensor"))
 

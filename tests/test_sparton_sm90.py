@@ -1,6 +1,6 @@
 """The training backward's kernels compiled for Hopper (sm_90) on any machine: Triton's bundled ptxas needs no GPU.
 
-CI has no GPU, so this is where a change that breaks the GPU build of the gathers (a type the interpreter accepts,
+CI has no GPU, so this is where a change that breaks the GPU build of the kernels (a type the interpreter accepts,
 a layout that spills) shows first. Each kernel is compiled as a launch on real tensors specializes it: pointers and
 row strides 16-byte aligned, unit column stride; the test holds every variant free of register spills.
 """
@@ -60,14 +60,15 @@ def _variants():
                 name = f"dW {dtype}" if with_dw else f"db alone {dtype}"
                 yield (f"{name} double_log={double_log}", training._grad_weight_kernel, params, constants, aligned,
                        {"num_warps": weight["num_warps"], "num_stages": weight["num_stages"]})
-            hidden = training.GRAD_HIDDEN
-            params = {"weight_ptr": f"*{short}", "grad_ptr": "*fp32", "out_ptr": "*fp32", "bounds_ptr": "*i32",
-                      "keys_ptr": "*i32", "pairs_ptr": "*i64", "dh_ptr": f"*{short}", "stride_wv": "i32",
-                      "stride_wh": "i32", "stride_gd": "i32", "stride_gv": "i32", "stride_w": "i32", "V": "i32",
-                      "n_pairs": "i32", "doc0": "i32", "doc1": "i32", "H": "constexpr", "BLOCK_P": "constexpr",
-                      "BLOCK_H": "constexpr", "DOUBLE_LOG": "constexpr"}
-            constants = {"stride_wh": 1, "H": _HIDDEN, "BLOCK_P": hidden["BLOCK_P"], "BLOCK_H": hidden["BLOCK_H"],
-                         "DOUBLE_LOG": double_log}
+            hidden = training.GRAD_HIDDEN_32 if dtype == "float32" else training.GRAD_HIDDEN
+            params = {"weight_ptr": f"*{short}", "grad_ptr": "*fp32", "out_ptr": "*fp32", "arg_ptr": "*i32",
+                      "bounds_ptr": "*i32", "chunks_ptr": "*i32", "dh_ptr": f"*{short}", "stride_wv": "i32",
+                      "stride_wh": "i32", "stride_gd": "i32", "stride_gv": "i32", "stride_w": "i32", "B": "i32",
+                      "V": "i32", "H": "constexpr", "BLOCK_T": "constexpr", "BLOCK_V": "constexpr",
+                      "BLOCK_H": "constexpr", "DOUBLE_LOG": "constexpr", "DOT_PRECISION": "constexpr"}
+            constants = {"stride_wh": 1, "H": _HIDDEN, "BLOCK_T": hidden["BLOCK_T"], "BLOCK_V": hidden["BLOCK_V"],
+                         "BLOCK_H": hidden["BLOCK_H"], "DOUBLE_LOG": double_log,
+                         "DOT_PRECISION": "tf32x3" if dtype == "float32" else "tf32"}
             aligned = {name for name in params if name.endswith("_ptr")} | {"stride_wv"}
             yield (f"dH {dtype} double_log={double_log}", training._grad_hidden_kernel, params, constants, aligned,
                    {"num_warps": hidden["num_warps"], "num_stages": hidden["num_stages"]})
@@ -83,8 +84,10 @@ def _compile_all() -> None:
         seen.append(name)
         print(f"{name}: {usage['REG']} registers, stack {usage['STACK']}, local {usage['LOCAL']}")
         assert usage["STACK"] == 0 and usage["LOCAL"] == 0, f"{name} spills: {usage}"
-        if "float32" not in name and "alone" not in name:  # 16-bit rows: 8 elements a thread a load, one address
+        if name.startswith("dW") and "float32" not in name:  # 16-bit rows: 8 elements a thread a load, one address
             assert ".v4.b32" in kernel.asm["ptx"], f"{name}: the gathered rows are not loaded 16 bytes at a time"
+        if name.startswith("dH"):  # the one-hot product on the tensor cores
+            assert "wgmma" in kernel.asm["ptx"], f"{name}: no wgmma"
     assert len(seen) == 18, seen
 
 
