@@ -102,7 +102,9 @@ def test_staged_copies_arrive_whole_while_their_buffers_are_reused():
 
 def test_two_workers_on_one_gpu_write_what_one_writes(tmp_path):
     """Local workers (PythonChild processes, each with its own input process and serializers) on CUDA: the same
-    shards as one worker, document for document; terms agree but where a weight sits at a rounding boundary."""
+    shards as one worker, document for document, whichever worker took which units (a worker that loads its model
+    late may find none left: how units divide among workers of any speed is the CPU tests' subject); terms agree
+    but where a weight sits at a rounding boundary."""
     from lsr_index.encode.job import EncodeJob, EncodeOptions
     from lsr_index.encode.run import encode_corpus
 
@@ -111,7 +113,7 @@ def test_two_workers_on_one_gpu_write_what_one_writes(tmp_path):
     one = encode_corpus(job, tmp_path / "one", ("cuda:0",))
     two = encode_corpus(job, tmp_path / "two", ("cuda:0", "cuda:0"))
     assert two.stats.workers == 2 and two.stats.units == 6  # units of 1 MiB, to whichever worker asks first
-    assert all(w.docs for w in two.stats.per_worker) and sum(w.docs for w in two.stats.per_worker) == 4000
+    assert sum(w.docs for w in two.stats.per_worker) == 4000
     assert_same_shards(tmp_path / "one", one, tmp_path / "two", two)
 
 
