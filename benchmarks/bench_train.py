@@ -620,7 +620,7 @@ def section_memory(model, heads, device, vocab, batch, args, gen) -> list[dict]:
     """Peak memory of the head's forward + backward on one batch of documents (torch.cuda.max_memory_allocated
     beyond what was allocated before), less its output, the inputs' gradients and Sparton's saved argmax: what
     the head needs of its own. For Sparton, also the op alone on the bf16 packed tokens it is handed, for the
-    documents and for the queries (few tokens: dH's vocabulary split in ranges, with partial sums in a scratch)."""
+    documents and for the queries."""
     rows = []
     if device != "cuda":
         return rows
@@ -661,7 +661,7 @@ def section_memory(model, heads, device, vocab, batch, args, gen) -> list[dict]:
             row = {**base, "status": "ok", "peak_bytes": peak, "forward_peak_bytes": forward, "owned_bytes": owned,
                    "argmax_bytes": argmax if name == "sparton" else 0}
             row["extra_bytes"] = peak - owned - row["argmax_bytes"]
-            if name == "sparton":  # the op alone, documents and queries (whose few tokens split dH's vocabulary)
+            if name == "sparton":  # the op alone, documents and queries
                 for key, h, s in (("op", hidden, side), ("op_queries", q_hidden, q_side)):
                     tokens = h.detach().reshape(-1, h.shape[-1])[s.index].to(weight.dtype).requires_grad_()
                     op_peak, _, op_owned = measure(

@@ -532,9 +532,12 @@ def _setup_padded(ctx, inputs: tuple, output: tuple) -> None:
     out, arg = output
     ctx.save_for_backward(hidden, weight, bias, out, arg)
     ctx.activation = activation
+    ctx.set_materialize_grads(False)  # else autograd hands the backward an int32 [B, V] of zeros for the argmax
 
 
-def _backward_padded(ctx, grad: Tensor, _grad_arg: Tensor | None) -> tuple:
+def _backward_padded(ctx, grad: Tensor | None, _grad_arg: None) -> tuple:
+    if grad is None:
+        return None, None, None, None, None
     hidden, weight, bias, out, arg = ctx.saved_tensors
     batch, seq, size = hidden.shape
     start = torch.arange(0, (batch + 1) * seq, seq, device=hidden.device, dtype=torch.int32)
@@ -550,9 +553,12 @@ def _setup_packed(ctx, inputs: tuple, output: tuple) -> None:
     out, arg = output
     ctx.save_for_backward(hidden, weight, bias, cu_seqlens, out, arg)
     ctx.activation = activation
+    ctx.set_materialize_grads(False)
 
 
-def _backward_packed(ctx, grad: Tensor, _grad_arg: Tensor | None) -> tuple:
+def _backward_packed(ctx, grad: Tensor | None, _grad_arg: None) -> tuple:
+    if grad is None:
+        return None, None, None, None, None, None
     hidden, weight, bias, cu_seqlens, out, arg = ctx.saved_tensors
     need_h, need_w, need_b = ctx.needs_input_grad[:3]
     dh, dw, db = torch.ops.sparton.splade_max_backward(grad, out, arg, hidden, weight, cu_seqlens,

@@ -353,6 +353,37 @@ def test_no_gradient_needed_runs_the_inference_kernel(monkeypatch, seed):
 
 
 @needs_interpreter
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_backward_gets_no_gradient_for_the_argmax(packed, seed):
+    """Autograd would hand the backward a materialized zero gradient for the int32 argmax output, a [B, V] tensor as
+    large as the output: the op's backward receives None for it."""
+    op = training.splade_max_packed_argmax_op if packed else training.splade_max_argmax_op
+    setup, backward = (training._setup_packed, training._backward_packed) if packed else \
+        (training._setup_padded, training._backward_padded)
+    seen = []
+
+    def spy(ctx, grad, grad_arg):
+        seen.append((grad is None, grad_arg))
+        return backward(ctx, grad, grad_arg)
+
+    h, w, b, g = _inputs(seed, 2, 5, 32, 40, torch.float32)
+    leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+    op.register_autograd(spy, setup_context=setup)
+    try:
+        if packed:
+            tokens, cu = _pack(leaves[0], [5, 3])
+            out, _ = torch.ops.sparton.splade_max_packed_argmax(tokens, leaves[1], leaves[2], cu, None, "log1p_relu")
+        else:
+            mask = torch.ones(2, 5, dtype=torch.bool)
+            out, _ = torch.ops.sparton.splade_max_argmax(leaves[0], leaves[1], leaves[2], mask, "log1p_relu")
+        (out * torch.rand(out.shape, generator=g)).sum().backward()
+        assert seen == [(False, None)], seen
+        assert all(t.grad is not None and t.grad.abs().sum() > 0 for t in leaves), f"seed {seed}"
+    finally:
+        op.register_autograd(backward, setup_context=setup)
+
+
+@needs_interpreter
 def test_custom_ops_registration(seed):
     """Schemas, fake kernels and autograd registration of the training ops (what torch.compile relies on)."""
     h, w, b, _ = _inputs(seed, 2, 5, 32, 40, torch.float32)
