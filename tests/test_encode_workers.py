@@ -375,3 +375,23 @@ def test_a_worker_records_how_long_it_waited_for_input_and_for_the_writer(tmp_pa
     saved = Manifest.load(tmp_path / "out").stats.per_worker[0]
     assert (saved.input_wait_seconds, saved.output_wait_seconds) == (worker.input_wait_seconds,
                                                                      worker.output_wait_seconds)
+
+
+@pytest.mark.parametrize(("visible", "device", "sees", "named"), [
+    (None, "cuda:2", "2", "cuda:0"),
+    ("4,5,6,7", "cuda:1", "5", "cuda:0"),
+    ("GPU-0aa1, GPU-77c2", "cuda:1", "GPU-77c2", "cuda:0"),
+    ("4,5", "cuda:3", "4,5", "cuda:3"),
+    (None, "cpu", None, "cpu"),
+])
+def test_a_gpu_worker_sees_only_its_own_gpu(monkeypatch, visible, device, sees, named):
+    """A worker's CUDA_VISIBLE_DEVICES names only its GPU (the caller's own list kept: cuda:k is its k-th entry), and
+    the worker calls it cuda:0; a device beyond the caller's list, or a CPU, is left as it is."""
+    from lsr_index.encode.local import only_its_gpu
+
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert only_its_gpu(device) == named
+    assert os.environ.get("CUDA_VISIBLE_DEVICES") == sees

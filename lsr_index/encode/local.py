@@ -72,9 +72,10 @@ def worker_main(out: BinaryIO) -> None:
     # threads are set where the model loads: ShardEncoder)
     os.environ.setdefault("RAYON_NUM_THREADS", str(cores))
     try:
-        with closing(ShardEncoder(job, device, cores)) as encoder:
+        with closing(ShardEncoder(job, only_its_gpu(device), cores)) as encoder:
             result = encoder.run(output, assignment, units, emit=lambda part: send("part", part),
                                  progress=lambda docs, tokens: send("progress", (docs, tokens)), worker=worker)
+        result.device = device  # the host's name for its GPU, not this process's
         send("done", result)
     except BrokenPipeError:
         os._exit(1)  # the parent stopped reading: nobody to tell
@@ -82,6 +83,22 @@ def worker_main(out: BinaryIO) -> None:
         send("error", str(exc))
     except BaseException as exc:
         send("error", f"worker on {device} failed: {type(exc).__name__}: {exc}")
+
+
+def only_its_gpu(device: str) -> str:
+    """A GPU worker's process sees only its own GPU: CUDA_VISIBLE_DEVICES is set here, before CUDA starts in this
+    process (a fork of a process that has not started it, or a new interpreter), so that CUDA's set-up covers one
+    device instead of each of the host's. Returns the device's name in this process (cuda:0). A CUDA_VISIBLE_DEVICES
+    inherited from the caller keeps its meaning: cuda:k is its k-th entry."""
+    if not device.startswith("cuda"):
+        return device
+    index = int(device.partition(":")[2] or 0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    entries = [entry.strip() for entry in visible.split(",")] if visible is not None else None
+    if entries is not None and not 0 <= index < len(entries):
+        return device  # not a device of this host: CUDA says so where it is used
+    os.environ["CUDA_VISIBLE_DEVICES"] = entries[index] if entries is not None else str(index)
+    return "cuda:0"
 
 
 def _record_queued(inbox: queue.SimpleQueue, on_part: Callable[[Chunk], None]) -> None:
