@@ -7,7 +7,7 @@ Max pooling of float32/bf16/fp16 inputs on a CPU with int8 dot-product instructi
 Differentiable: when a gradient is needed, max pooling runs `_SegmentMax`, which also records each (document, term)'s
 argmax token (the lowest row among equal maxima, as the Triton kernel's tie rule) and whose backward builds the
 [tokens, vocabulary] gradient S block by block from it (S[t, v] = g[d, v] where t is (d, v)'s argmax) and takes
-dH = S·W, dW = Sᵀ·H: the sums the kernel gathers, as products;
+dH = S·W, dW = Sᵀ·H: the sums the Triton backward computes (dW as gathers, dH as a one-hot product);
 sum pooling runs plain autograd, each vocabulary chunk recomputed in the backward (torch.utils.checkpoint).
 Outputs are float32, float64 for float64 inputs (the oracle).
 """

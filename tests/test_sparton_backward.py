@@ -383,6 +383,30 @@ def test_the_backward_gets_no_gradient_for_the_argmax(packed, seed):
         op.register_autograd(backward, setup_context=setup)
 
 
+class _Cut(torch.autograd.Function):
+    """Passes its input on and sends no gradient back (None): the head's backward then runs on an undefined gradient."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return None
+
+
+@needs_interpreter
+def test_an_undefined_output_gradient_gives_no_gradients(seed):
+    """A consumer of the head's output that sends back no gradient: the backward returns none (not zeros, not an
+    error), and the inputs' gradients come from the rest of the loss alone."""
+    h, w, b, _ = _inputs(seed, 2, 5, 32, 40, torch.float32)
+    leaves = [t.clone().requires_grad_() for t in (h, w, b)]
+    out, _ = torch.ops.sparton.splade_max_argmax(*leaves, torch.ones(2, 5, dtype=torch.bool), "log1p_relu")
+    (_Cut.apply(out).sum() + leaves[0].sum()).backward()
+    assert torch.equal(leaves[0].grad, torch.ones_like(h)), f"seed {seed}"
+    assert leaves[1].grad is None and leaves[2].grad is None, f"seed {seed}"
+
+
 @needs_interpreter
 def test_custom_ops_registration(seed):
     """Schemas, fake kernels and autograd registration of the training ops (what torch.compile relies on)."""
