@@ -72,10 +72,9 @@ def worker_main(out: BinaryIO) -> None:
     # threads are set where the model loads: ShardEncoder)
     os.environ.setdefault("RAYON_NUM_THREADS", str(cores))
     try:
-        with closing(ShardEncoder(job, only_its_gpu(device), cores)) as encoder:
+        with closing(ShardEncoder(job, only_its_gpu(device), cores, name=device)) as encoder:
             result = encoder.run(output, assignment, units, emit=lambda part: send("part", part),
                                  progress=lambda docs, tokens: send("progress", (docs, tokens)), worker=worker)
-        result.device = device  # the host's name for its GPU, not this process's
         send("done", result)
     except BrokenPipeError:
         os._exit(1)  # the parent stopped reading: nobody to tell

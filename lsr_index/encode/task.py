@@ -68,8 +68,11 @@ class ShardEncoder:
     tokenizer and the vocabulary come first, from the tokenizer files): the model's load and the first piece's
     reading, each about as long, overlap instead of adding up before the first batch."""
 
-    def __init__(self, job: EncodeJob, device: str, cores: int, reads_input: bool = True):
-        """`reads_input=False`: every run gets its pieces from the caller (a cluster's driver reads the input)."""
+    def __init__(self, job: EncodeJob, device: str, cores: int, reads_input: bool = True, name: str | None = None):
+        """`reads_input=False`: every run gets its pieces from the caller (a cluster's driver reads the input).
+        `name`: the device as the caller knows it, for the timeline and the result (a worker that sees only its own
+        GPU runs on cuda:0)."""
+        self.name = name or device
         if not device.startswith("cuda"):
             _reuse_freed_memory()
         self.pool: SerializerPool | None = None
@@ -122,11 +125,11 @@ class ShardEncoder:
                 if prepared:
                     prepared.result()
             self.loaded_at = time.time()
-            mark(f"model on {self.device}")
+            mark(f"model on {self.name}")
             encoder = SpladeEncoder(model, max_tokens=self.job.options.max_tokens, backend=self.job.options.backend,
                                     tokenizer=self.tokenizer)
             encoder.warm_up(self.job.options.doc_max_length, partial(quantize, q=self.job.options.quantization))
-            mark(f"model warmed up on {self.device}")
+            mark(f"model warmed up on {self.name}")
             self._encoder.set_result(encoder)
         except BaseException as exc:
             self._encoder.set_exception(exc)
@@ -191,7 +194,7 @@ class ShardEncoder:
                     waits["input"] += time.perf_counter() - asked
                 else:
                     ready_at = time.time()
-                    mark(f"first piece on {self.device}")
+                    mark(f"first piece on {self.name}")
                 pending[n] = (piece, ids, tokens, stats, [], time.monotonic())
                 yield n, tokens
                 asked = time.perf_counter()
@@ -219,7 +222,7 @@ class ShardEncoder:
             raise
         stream.close()
         sink.close()
-        return WorkerResult(tokens=encoder.n_tokens - tokens0, worker=worker, device=self.device,
+        return WorkerResult(tokens=encoder.n_tokens - tokens0, worker=worker, device=self.name,
                             docs=encoder.n_docs - docs0, loaded_at=self.loaded_at, ready_at=ready_at or time.time(),
                             done_at=time.time(), cores=self.cores, serializers=self.serializers,
                             input_wait=round(waits["input"], 3), output_wait=round(waits["output"], 3))
