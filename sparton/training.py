@@ -273,7 +273,7 @@ def _grad_hidden_kernel(
 ):
     """dH[t, h] = Σ_v G[t, v]·W[v, h] for BLOCK_T rows of one document d and BLOCK_H columns, where G[t, v] =
     g[d, v] if arg[d, v] = t, else 0: the scatter of the document's pairs onto its rows is a one-hot product on the
-    tensor cores, G built tile by tile in registers from the document's g and argmax (one compare a element) and
+    tensor cores, G built tile by tile in registers from the document's g and argmax (one compare an element) and
     never stored. G is rounded to W's dtype (as an eager bf16 head's gradient of the logits is), fp32 accumulation
     over the vocabulary in a fixed order. Every row of the chunk is written, zeros where no pair chose it."""
     chunk = tl.program_id(0)
