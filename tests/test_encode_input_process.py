@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -236,3 +237,46 @@ def _self_pid() -> int:
     import os
 
     return os.getpid()
+
+
+def test_the_input_process_reads_ahead_up_to_a_bound_in_tokens(tmp_path, monkeypatch):
+    """Unconsumed, the input process keeps tokenizing until it holds the bound's tokens (many pieces, not a fixed
+    count of them), stops there, and the stream then still yields every document once, in order."""
+    monkeypatch.setattr(feed, "_INPUT_AHEAD_TOKENS", 3000)
+    source = tmp_path / "many.jsonl"
+    source.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}"}) + "\n" for i in range(5000)))
+    stream = input_process(source, shard_docs=32)
+    deadline, held = time.time() + 60, -1
+    while time.time() < deadline and held != stream._items.held:  # until it stops growing
+        held = stream._items.held
+        time.sleep(1.0)
+    largest_piece = 32 * 6  # [CLS] text <number: 1-3 pieces> [SEP]
+    assert 3000 <= held < 3000 + largest_piece, held
+    starts = [piece.start for piece, *_ in stream]
+    stream.close()
+    assert starts == list(range(0, 5000, 32))
+
+
+def test_a_stock_is_bounded_by_the_size_it_holds_and_lets_a_larger_item_in():
+    from lsr_index.runtime.threads import Stock
+
+    stop = threading.Event()
+    stock = Stock(10, stop)
+    assert stock.put("a", 4) and stock.put("b", 5) and stock.put("c", 30)  # below the bound each time: let in
+    assert stock.held == 39
+    late = []
+    putter = threading.Thread(target=lambda: late.append(stock.put("d", 1)))
+    putter.start()
+    putter.join(0.3)
+    assert putter.is_alive()  # at or above the bound: waits
+    assert [stock.get(), stock.get()] == ["a", "b"] and putter.is_alive()  # 30 held still
+    assert stock.get() == "c"
+    putter.join(5)
+    assert late == [True] and stock.get() == "d" and stock.held == 0
+    stock.put("e", 20)
+    blocked = []
+    putter = threading.Thread(target=lambda: blocked.append(stock.put("f", 1)))
+    putter.start()
+    stop.set()
+    putter.join(5)
+    assert blocked == [False] and stock.get() == "e"  # a stopped stream takes nothing more

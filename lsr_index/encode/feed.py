@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
-import queue
 import signal
 import sys
 import threading
@@ -24,7 +23,7 @@ from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.inputs.corpus import CorpusReader, ParsedBatch, batch_of, string_array
 from lsr_index.model.tokens import TextTokenizer, Tokens
 from lsr_index.runtime.children import PythonChild, send_message
-from lsr_index.runtime.threads import Prefetch, put_unless_stopped
+from lsr_index.runtime.threads import Prefetch, Stock
 
 Feed = Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]
 _PARSED_AHEAD = 16  # parsed batches a task holds ahead of its pieces: about a unit, so its next unit is being parsed
@@ -114,7 +113,11 @@ def serialized_tokenizer(tokenizer: TextTokenizer) -> str | None:
         return None
 
 
-_INPUT_AHEAD = 3  # pieces the input process may hold ready ahead of the model
+# Tokens the input process may hold ready ahead of the model (64 MiB of ids). It starts with the task and reads while
+# the model loads and warms up, seconds on a GPU host: on real text, where tokenizing is slower than the GPU, what it
+# tokenized meanwhile is encoded at the GPU's own rate, and the run ends sooner. Bounded in tokens, not pieces, since a
+# piece holds anything from a unit's tail to a window of documents.
+_INPUT_AHEAD_TOKENS = 1 << 23
 
 
 class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
@@ -134,8 +137,8 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
         """`child`: one started ahead (input_child), else one starts now."""
         self._units = units
         self._ended = self._finished = False  # no more items; the child sent its end
-        self._items: queue.Queue = queue.Queue(maxsize=_INPUT_AHEAD)
         self._stop = threading.Event()
+        self._items = Stock(_INPUT_AHEAD_TOKENS, self._stop)
         self._sending = threading.Lock()
         self._child = child or input_child()
         try:  # both directions in threads: the set-up (XLM-R's tokenizer is 17 MB) is read once the child runs
@@ -173,7 +176,8 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
                     self._answer("unit", self._units.claim())
                 elif message[0] == "summary":
                     self._units.submit(message[1], lambda numbered: self._answer("numbered", numbered))
-                elif not self._put(message) or message[0] != "piece":
+                elif not self._put(message, len(message[2].ids) if message[0] == "piece" else 0) \
+                        or message[0] != "piece":
                     return
         except (EOFError, OSError, ValueError, pickle.UnpicklingError):
             self._put(("died",))
@@ -184,8 +188,8 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
         except BaseException as exc:
             self._put(("error", f"lost the input-reading process's stream: {type(exc).__name__}: {exc}"))
 
-    def _put(self, item: tuple) -> bool:
-        return put_unless_stopped(self._items, item, self._stop)
+    def _put(self, item: tuple, tokens: int = 0) -> bool:
+        return self._items.put(item, tokens)
 
     def __next__(self) -> tuple[Piece, list[str], Tokens, PieceStats]:
         if self._ended:

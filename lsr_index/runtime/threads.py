@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import threading
@@ -22,6 +23,46 @@ def put_unless_stopped(items: queue.Queue, item: object, stop: threading.Event) 
         except queue.Full:
             continue
     return False
+
+
+class Stock:
+    """A queue bounded by the size of what it holds (tokens, say), not by its count of items, which may each be a few
+    documents or thousands. An item is let in whenever the stock is below its bound, so one larger than the bound
+    still passes and the stock exceeds its bound by less than one item."""
+
+    def __init__(self, bound: int, stop: threading.Event):
+        self._bound, self._stop = bound, stop
+        self._items: collections.deque[tuple[object, int]] = collections.deque()
+        self._held = 0
+        self._changed = threading.Condition()
+
+    def put(self, item: object, size: int) -> bool:
+        """Add `item` of `size` once the stock is below its bound, unless `stop` is set first (False: stop)."""
+        with self._changed:
+            while self._held >= self._bound:
+                if self._stop.is_set():
+                    return False
+                self._changed.wait(0.1)
+            if self._stop.is_set():
+                return False
+            self._items.append((item, size))
+            self._held += size
+            self._changed.notify_all()
+        return True
+
+    def get(self) -> object:
+        """The oldest item, once there is one."""
+        with self._changed:
+            while not self._items:
+                self._changed.wait()
+            item, size = self._items.popleft()
+            self._held -= size
+            self._changed.notify_all()
+            return item
+
+    @property
+    def held(self) -> int:
+        return self._held
 
 
 class Prefetch(Iterator[T]):
