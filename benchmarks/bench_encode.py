@@ -28,6 +28,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -293,16 +294,17 @@ def run_lsr_index_fresh(model_dir: Path, corpus: Path, out: Path, devices: tuple
     return {**json.loads(stdout.rsplit("RESULT ", 1)[1]), "host_use": use.summary()}
 
 
-def run_cli(corpus: Path, out: Path, gpus: int) -> dict:
+def run_cli(corpus: Path, out: Path, gpus: int, command: Sequence[str] = (sys.executable, "-m", "lsr_index")) -> dict:
     """`lsr-index encode CORPUS` as a user types it (the default model and flags) on the first `gpus` GPUs, timed
-    from the command's start to its exit, with the summary's rates and the start-up's steps (LSR_INDEX_TIMELINE)."""
+    from the command's start to its exit, with the summary's rates and the start-up's steps (LSR_INDEX_TIMELINE).
+    `command`: what runs lsr-index's command line."""
     import re
     import subprocess
 
     env = {**os.environ, "LSR_INDEX_TIMELINE": "1", "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "lsr_index", "-q", "encode", str(corpus), "-o", str(out),
-                             "--overwrite"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen([*command, "-q", "encode", str(corpus), "-o", str(out), "--overwrite"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     with HostUse(proc.pid) as use:
         stdout, stderr = proc.communicate()
     seconds = time.perf_counter() - t0

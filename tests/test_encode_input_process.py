@@ -51,6 +51,27 @@ def test_the_input_process_writes_what_the_threads_write(tmp_path, monkeypatch):
     assert report == (tmp_path / "threads" / "skipped.jsonl").read_text() and f"{source}" in report
 
 
+def test_several_input_processes_write_what_the_threads_write(tmp_path, monkeypatch):
+    """Three input processes claim the units of a corpus cut into many and their pieces reach the model in whichever
+    order they are ready: the shards and their records are the threads' bytes, and the stats count the readers."""
+    from lsr_index.inputs import units as units_module
+
+    lines = SAMPLE.read_text().splitlines()
+    source = tmp_path / "c.jsonl"
+    source.write_text("".join(line.replace('{"id": "', f'{{"id": "{copy}-', 1) + "\n"
+                              for copy in range(3) for line in lines))
+    monkeypatch.setattr(units_module, "FIRST_BYTES", 6000)
+    monkeypatch.setattr(task, "readers_for", lambda cores: 3)
+    threads = encode(source, tmp_path / "threads", False, monkeypatch, checkpoint_seconds=0)
+    process = encode(source, tmp_path / "process", True, monkeypatch, checkpoint_seconds=0)
+    assert process.stats.units > 20 and len(process.shards) == 8
+    assert [s.sha256 for s in process.shards] == [s.sha256 for s in threads.shards]
+    assert [s.input for s in process.shards] == [s.input for s in threads.shards]
+    assert process.truncation == threads.truncation and process.docs == threads.docs == 1200
+    assert [w.readers for w in process.stats.per_worker] == [3] and [w.readers for w in threads.stats.per_worker] == [0]
+    assert not children(_self_pid(), b"input_main")
+
+
 def test_a_bad_record_read_in_the_input_process_is_one_line_naming_file_and_line(tmp_path, monkeypatch):
     source = corpus_with_bad_records(tmp_path)
     messages = []
@@ -107,7 +128,7 @@ PARENT = textwrap.dedent("""
     stream = InputProcess(job, Assignment(), units,
                           ModelRef.resolve("splade-tiny").tokenizer().backend_tokenizer.to_str())
     next(stream)  # started and sending; it now waits for this process to read on
-    print(stream._child.process.pid, flush=True)
+    print(stream._children[0].process.pid, flush=True)
     time.sleep(600)
 """)
 
@@ -145,7 +166,7 @@ def test_closing_the_stream_early_ends_the_input_process():
     assert (piece.shard, piece.start, piece.rows.num_rows) == (0, 0, 32) and len(ids) == 32
     assert tokens.offsets[-1] == len(tokens.ids) and stats.digest
     stream.close()
-    assert stream._child.process.poll() is not None and not children(_self_pid(), b"input_main")
+    assert stream._children[0].process.poll() is not None and not children(_self_pid(), b"input_main")
 
 
 def test_a_killed_input_process_is_one_line_and_nothing_waits_forever(tmp_path):
@@ -153,7 +174,7 @@ def test_a_killed_input_process_is_one_line_and_nothing_waits_forever(tmp_path):
     source.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}"}) + "\n" for i in range(20000)))
     stream = input_process(source)
     next(stream)
-    stream._child.process.kill()
+    stream._children[0].process.kill()
     with pytest.raises(LsrIndexError, match=r"ended unexpectedly \(exit code -9\); rerun the same command"):
         for _ in stream:  # what it sent before it died, then the error
             pass
@@ -207,8 +228,12 @@ def test_an_input_process_started_ahead_and_never_used_is_ended(monkeypatch):
         task.ShardEncoder(Job(inputs=(str(SAMPLE),), model="./no-such-model"), "cpu", 1)
     assert not children(_self_pid(), b"input_main")
     encoder = task.ShardEncoder(job, "cpu", 1, reads_input=False)
-    assert encoder.input_child is None
+    assert encoder.input_children == []
     encoder.close()
+    encoder = task.ShardEncoder(job, "cpu", 24)  # three readers for 24 cores, none left after a close
+    assert len(children(_self_pid(), b"input_main")) == 3
+    encoder.close()
+    assert not children(_self_pid(), b"input_main")
 
 
 @pytest.mark.parametrize("executable", [None, "/nonexistent/python"])

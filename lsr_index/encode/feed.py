@@ -11,7 +11,7 @@ import pickle
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import BinaryIO
 
 import numpy as np
@@ -121,66 +121,74 @@ _INPUT_AHEAD_TOKENS = 1 << 23
 
 
 class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
-    """The task's pieces read, numbered, digested and tokenized in a process of its own, as `tokenized_pieces`
-    yields them.
+    """The task's pieces read, numbered, digested and tokenized in processes of their own, as `tokenized_pieces`
+    yields them, in the order they are ready.
 
     Beside a GPU, the thread that launches the model's kernels is the limit, and reading (JSON parsing) and building
     token lists are Python work that would take the GIL from it: the GPU then idles, each gap waiting for a late
-    launch while that thread runs Python (benchmarks/gpu_busy.py). Here they run on other cores under another GIL.
+    launch while that thread runs Python (benchmarks/gpu_busy.py). Here they run on other cores under other GILs:
+    one process's Python work (parsing, building token lists) bounds what it reads at a fraction of what its cores
+    tokenize, so a task with many cores reads with several (readers_for), each claiming units of its own.
 
-    Its messages (children.PythonChild): its claims of units and the summaries of what it parsed, passed to this
-    task's `units` (whose answers go back down its stdin), its pieces with their rows reduced to the ids, then the end
-    of its units or its error, rebuilt here as the same exception."""
+    Each child's messages (children.PythonChild): its claims of units and the summaries of what it parsed, passed to
+    this task's `units` (whose answers go back down its stdin), its pieces with their rows reduced to the ids, then
+    the end of its units or its error, rebuilt here as the same exception."""
 
     def __init__(self, job: EncodeJob, assignment: Assignment, units: Units | RemoteUnits, tokenizer_json: str,
-                 child: PythonChild | None = None):
-        """`child`: one started ahead (input_child), else one starts now."""
+                 children: Sequence[PythonChild] = (), threads: int | None = None):
+        """`children`: input processes started ahead (input_child), else one starts now. `threads`: the tokenizer's
+        threads in each (None: its default, every core)."""
         self._units = units
-        self._ended = self._finished = False  # no more items; the child sent its end
+        self._children = list(children) or [input_child()]
+        self._ended = False  # no more items
+        self._finished: set[int] = set()  # the children that sent their end
         self._stop = threading.Event()
         self._items = Stock(_INPUT_AHEAD_TOKENS, self._stop)
-        self._sending = threading.Lock()
-        self._child = child or input_child()
+        self._sending = {id(child): threading.Lock() for child in self._children}
         try:  # both directions in threads: the set-up (XLM-R's tokenizer is 17 MB) is read once the child runs
-            threading.Thread(target=self._send_setup, args=((job, assignment, tokenizer_json),), name="input-send",
-                             daemon=True).start()
-            threading.Thread(target=self._receive, name="input-receive", daemon=True).start()
+            for child in self._children:
+                threading.Thread(target=self._send_setup, args=(child, (job, assignment, tokenizer_json, threads)),
+                                 name="input-send", daemon=True).start()
+                threading.Thread(target=self._receive, args=(child,), name="input-receive", daemon=True).start()
         except BaseException:
             self.close()
             raise
 
-    def _send_setup(self, setup: tuple) -> None:
+    def _send_setup(self, child: PythonChild, setup: tuple) -> None:
         try:
-            self._send(setup)
+            self._send(child, setup)
         except (OSError, ValueError):
             return  # it ended already: _receive reports how
         except BaseException as exc:
-            self._child.process.terminate()
+            child.process.terminate()
             self._put(("error", f"cannot hand the input-reading process its set-up: {type(exc).__name__}: {exc}"))
         # stdin stays open: its end is how the child learns that this process is gone
 
-    def _send(self, message: object) -> None:
-        with self._sending:
-            pickle.dump(message, self._child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
-            self._child.stdin.flush()
+    def _send(self, child: PythonChild, message: object) -> None:
+        with self._sending[id(child)]:
+            pickle.dump(message, child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            child.stdin.flush()
 
-    def _answer(self, *message: object) -> None:
+    def _answer(self, child: PythonChild, *message: object) -> None:
         with contextlib.suppress(OSError, ValueError):  # it ended: _receive reports how
-            self._send(message)
+            self._send(child, message)
 
-    def _receive(self) -> None:
+    def _receive(self, child: PythonChild) -> None:
         try:
             while True:
-                message = pickle.load(self._child.messages)
+                message = pickle.load(child.messages)
                 if message[0] == "claim":
-                    self._answer("unit", self._units.claim())
+                    self._answer(child, "unit", self._units.claim())
                 elif message[0] == "summary":
-                    self._units.submit(message[1], lambda numbered: self._answer("numbered", numbered))
-                elif not self._put(message, len(message[2].ids) if message[0] == "piece" else 0) \
-                        or message[0] != "piece":
+                    self._units.submit(message[1], lambda numbered: self._answer(child, "numbered", numbered))
+                elif message[0] == "piece":
+                    if not self._put(message, len(message[2].ids)):
+                        return
+                else:
+                    self._put((message[0], child) if message[0] == "end" else message)
                     return
         except (EOFError, OSError, ValueError, pickle.UnpicklingError):
-            self._put(("died",))
+            self._put(("died", child))
         except InputError as exc:  # a bad record, found in stream order by the run's sequencer
             self._put(("input_error", exc.path, exc.where, exc.reason, exc.hint))
         except LsrIndexError as exc:
@@ -192,29 +200,38 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
         return self._items.put(item, tokens)
 
     def __next__(self) -> tuple[Piece, list[str], Tokens, PieceStats]:
-        if self._ended:
-            raise StopIteration
-        kind, *body = self._items.get()
-        if kind == "piece":
-            piece, tokens, stats = body
-            return piece, piece.rows.column("id").to_pylist(), tokens, stats
-        self._ended = True
-        if kind == "end":
-            self._finished = True
-            raise StopIteration
-        if kind == "input_error":
-            raise InputError(*body)
-        if kind == "error":
-            raise LsrIndexError(body[0])
-        self._child.process.terminate()  # its stream broke while it may still run
-        code = self._child.exit_code(10)
-        raise LsrIndexError(f"the input-reading process ended unexpectedly (exit code {code}); rerun the same "
-                            "command to resume")
+        while not self._ended:
+            kind, *body = self._items.get()
+            if kind == "piece":
+                piece, tokens, stats = body
+                return piece, piece.rows.column("id").to_pylist(), tokens, stats
+            if kind == "end":
+                self._finished.add(id(body[0]))
+                self._ended = len(self._finished) == len(self._children)
+                continue
+            self._ended = True
+            if kind == "input_error":
+                raise InputError(*body)
+            if kind == "error":
+                raise LsrIndexError(body[0])
+            child = body[0]
+            child.process.terminate()  # its stream broke while it may still run
+            code = child.exit_code(10)
+            raise LsrIndexError(f"the input-reading process ended unexpectedly (exit code {code}); rerun the same "
+                                "command to resume")
+        raise StopIteration
 
     def close(self) -> None:
-        """End the process (at once unless it already finished) and reap it."""
+        """End the processes (at once unless they finished) and reap them."""
         self._stop.set()
-        self._child.close(finished=self._finished)
+        for child in self._children:
+            child.close(finished=id(child) in self._finished)
+
+
+def readers_for(cores: int) -> int:
+    """Input processes for a task with `cores` host cores: one per 8 (up to 8), so that their Python work keeps
+    pace with what their cores tokenize (a process reads at most about as fast as 8-16 cores tokenize real text)."""
+    return max(1, min(8, cores // 8))
 
 
 def input_child() -> PythonChild:
@@ -233,9 +250,11 @@ def input_main(out: BinaryIO) -> None:
             send_message(out, *message)
 
     try:
-        job, assignment, tokenizer_json = pickle.load(sys.stdin.buffer)
+        job, assignment, tokenizer_json, threads = pickle.load(sys.stdin.buffer)
     except BaseException:
         os._exit(1)  # the parent ended while sending
+    if threads:  # read when the tokenizer first runs in parallel, below
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
     units = RemoteUnits(send)
     threading.Thread(target=listen, args=(sys.stdin.buffer, units), daemon=True).start()
     try:

@@ -263,7 +263,7 @@ class Plan:
             per_worker=[WorkerStats(device=r.device, docs=r.docs, startup_seconds=round(r.ready_at - started_at, 3),
                                     model_loaded_after_seconds=round(r.loaded_at - started_at, 3),
                                     docs_per_second_after_startup=round(r.docs / max(r.done_at - r.ready_at, 1e-9), 1),
-                                    cores=r.cores, serializers=r.serializers, started=r.started,
+                                    cores=r.cores, serializers=r.serializers, started=r.started, readers=r.readers,
                                     input_wait_seconds=r.input_wait, output_wait_seconds=r.output_wait)
                         for r in results],
             per_node=nodes)

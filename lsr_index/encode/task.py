@@ -26,6 +26,7 @@ from lsr_index.encode.feed import (
     Feed,
     InputProcess,
     input_child,
+    readers_for,
     reads_in_a_process,
     serialized_tokenizer,
     tokenize_pieces,
@@ -54,6 +55,7 @@ class WorkerResult:
     done_at: float = 0.0
     cores: int = 0  # the host cores it was given (its serializers, torch's threads, the tokenizer's)
     serializers: int = 0  # processes serializing its vectors beside it
+    readers: int = 0  # processes reading and tokenizing its input beside it (0: threads of its own process)
     started: str = "in process"  # or "fork", "new interpreter", "ray actor": how its process started
     input_wait: float = 0.0  # seconds after its first piece that the model waited for the next tokenized piece
     output_wait: float = 0.0  # seconds it waited for the writer to take a piece's vectors (serializers behind)
@@ -76,9 +78,10 @@ class ShardEncoder:
         if not device.startswith("cuda"):
             _reuse_freed_memory()
         self.pool: SerializerPool | None = None
-        # the input process starts first: its interpreter and imports (a fraction of a second) pass while the
-        # tokenizer, the vocabulary and the serializers are made here; `run` hands it its work
-        self.input_child = input_child() if reads_input and reads_in_a_process(device) else None
+        # the input processes start first: their interpreter and imports (a fraction of a second) pass while the
+        # tokenizer, the vocabulary and the serializers are made here; `run` hands them their work
+        self.input_children = [input_child() for _ in range(readers_for(cores))] \
+            if reads_input and reads_in_a_process(device) else []
         try:
             self._setup(job, device, cores)
         except BaseException:
@@ -153,8 +156,8 @@ class ShardEncoder:
         broke the caller's next model load (weights left on the meta device: model.load._BUILDING)."""
         if self.pool:
             self.pool.close()
-        if self.input_child:
-            self.input_child.close()
+        for child in self.input_children:
+            child.close()
         if loading := getattr(self, "_encoder", None):
             wait([loading])
 
@@ -171,13 +174,16 @@ class ShardEncoder:
         tokenizer_json = serialized_tokenizer(self.tokenizer) if in_a_process else None
         child = tokenizer_json is not None
         sink: ChunkSink | None = None
-        spare, self.input_child = self.input_child, None  # a cluster's actor runs again: a new one then
-        if spare and not child:
-            spare.close()
+        spare, self.input_children = self.input_children, []  # a cluster's actor runs again: new ones then
+        if not child:
+            for process in spare:
+                process.close()
         # reading and tokenizing begin now, while the model loads. In threads, one piece is read beside the load, no
         # more: the load is Python work too, and reading further ahead took the GIL from it
         if child:
-            stream = InputProcess(job, assignment, units, tokenizer_json, spare)
+            spare = spare or [input_child() for _ in range(readers_for(self.cores))]
+            stream = InputProcess(job, assignment, units, tokenizer_json, spare,
+                                  threads=max(1, self.cores // len(spare)))
         elif source is not None:
             stream = Prefetch(tokenize_pieces(source, self.tokenizer, options.doc_max_length), name="tokenize")
         else:
@@ -225,6 +231,7 @@ class ShardEncoder:
         return WorkerResult(tokens=encoder.n_tokens - tokens0, worker=worker, device=self.name,
                             docs=encoder.n_docs - docs0, loaded_at=self.loaded_at, ready_at=ready_at or time.time(),
                             done_at=time.time(), cores=self.cores, serializers=self.serializers,
+                            readers=len(spare) if child else 0,
                             input_wait=round(waits["input"], 3), output_wait=round(waits["output"], 3))
 
 

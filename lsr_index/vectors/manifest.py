@@ -121,6 +121,7 @@ class WorkerStats:
     cores: int
     serializers: int
     started: str
+    readers: int = 0  # processes reading and tokenizing its input (0: threads of the worker's own process)
     # of the seconds after start-up: the model waiting for input (reading, tokenizing) and for the writer
     input_wait_seconds: float = 0.0
     output_wait_seconds: float = 0.0
