@@ -147,8 +147,8 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
         self._sending = {id(child): threading.Lock() for child in self._children}
         try:  # both directions in threads: the set-up (XLM-R's tokenizer is 17 MB) is read once the child runs
             for child in self._children:
-                setup = (job, assignment, tokenizer_json, threads, READER_NICENESS)
-                threading.Thread(target=self._send_setup, args=(child, setup), name="input-send", daemon=True).start()
+                threading.Thread(target=self._send_setup, args=(child, (job, assignment, tokenizer_json, threads)),
+                                 name="input-send", daemon=True).start()
                 threading.Thread(target=self._receive, args=(child,), name="input-receive", daemon=True).start()
         except BaseException:
             self.close()
@@ -228,11 +228,6 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
             child.close(finished=id(child) in self._finished)
 
 
-# The input processes yield a contended core to the task's own threads, the model's load and its kernel launches
-# (which the GPU waits for): they tokenize on what the host leaves, a little lower in the scheduler's order.
-READER_NICENESS = 5
-
-
 def readers_for(cores: int) -> int:
     """Input processes for a task with `cores` host cores: one per 8 (up to 8), so that their Python work keeps
     pace with what their cores tokenize (a process reads at most about as fast as 8-16 cores tokenize real text)."""
@@ -255,11 +250,9 @@ def input_main(out: BinaryIO) -> None:
             send_message(out, *message)
 
     try:
-        job, assignment, tokenizer_json, threads, niceness = pickle.load(sys.stdin.buffer)
+        job, assignment, tokenizer_json, threads = pickle.load(sys.stdin.buffer)
     except BaseException:
         os._exit(1)  # the parent ended while sending
-    with contextlib.suppress(OSError):  # before any thread starts: each inherits it
-        os.nice(niceness)
     if threads:  # read when the tokenizer first runs in parallel, below
         os.environ["RAYON_NUM_THREADS"] = str(threads)
     units = RemoteUnits(send)
