@@ -340,6 +340,49 @@ def test_a_slower_worker_takes_fewer_units_and_the_bytes_stay_one_workers(tmp_pa
         [(s.file, s.sha256) for s in one.shards]
 
 
+FORKED_READERS = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    from lsr_index.encode import local, task
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.run import encode_corpus
+    from lsr_index.inputs import units
+    local._forks_workers = lambda devices: True  # forked workers, each reading in input processes, as on GPUs
+    task.reads_in_a_process = lambda device: True
+    task.readers_for = lambda cores: 2
+    units.FIRST_BYTES = units.LARGEST_BYTES = 20_000  # some 50 units
+    options = EncodeOptions(shard_docs=300, output_format="jsonl", progress=False, doc_max_length=32,
+                            checkpoint_seconds=0)
+    manifest = encode_corpus(EncodeJob(inputs=(sys.argv[1],), options=options), Path(sys.argv[2]), ("cpu", "cpu"))
+    print(manifest.stats.units, *[w.readers for w in manifest.stats.per_worker])
+""")
+
+
+@pytest.mark.slow
+def test_forked_workers_each_reading_in_two_input_processes_write_one_workers_bytes(tmp_path):
+    """Two workers, each with two input processes claiming units of its own: four readers share the units, and the
+    shards are the bytes one worker reading in threads writes."""
+    from lsr_index.encode.job import EncodeJob, EncodeOptions
+    from lsr_index.encode.run import encode_corpus
+    from lsr_index.vectors.manifest import Manifest
+
+    lines = SAMPLE.read_text().splitlines()
+    corpus = tmp_path / "c.jsonl"  # 1,200 documents: 4 shards
+    corpus.write_text("".join(line.replace('{"id": "', f'{{"id": "{copy}-', 1) + "\n"
+                              for copy in range(3) for line in lines))
+    run = subprocess.run([sys.executable, "-c", FORKED_READERS, str(corpus), str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0 and "Traceback" not in run.stderr, run.stderr
+    units, *readers = map(int, run.stdout.split())
+    assert units > 20 and readers == [2, 2], run.stdout
+    options = EncodeOptions(shard_docs=300, output_format="jsonl", progress=False, doc_max_length=32)
+    one = encode_corpus(EncodeJob(inputs=(str(corpus),), options=options), tmp_path / "one", ("cpu",))
+    two = Manifest.load(tmp_path / "two")
+    assert two.complete and [(s.file, s.sha256, s.input) for s in two.shards] == \
+        [(s.file, s.sha256, s.input) for s in one.shards]
+    assert two.truncation == one.truncation
+
+
 def test_a_worker_records_how_long_it_waited_for_input_and_for_the_writer(tmp_path, monkeypatch):
     """A worker's stats say what held its model up after start-up: here each piece after the first is read only once
     the worker has handed the previous one to the writer, half a second later, so the worker waits at least that for
