@@ -51,15 +51,23 @@ def test_the_input_process_writes_what_the_threads_write(tmp_path, monkeypatch):
     assert report == (tmp_path / "threads" / "skipped.jsonl").read_text() and f"{source}" in report
 
 
-def test_several_input_processes_write_what_the_threads_write(tmp_path, monkeypatch):
-    """Three input processes claim the units of a corpus cut into many and their pieces reach the model in whichever
-    order they are ready: the shards and their records are the threads' bytes, and the stats count the readers."""
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_several_input_processes_write_what_the_threads_write(tmp_path, monkeypatch, fmt):
+    """Three input processes claim the units of a corpus cut into many (byte ranges of a JSONL file, runs of a
+    Parquet file's row groups) and their pieces reach the model in whichever order they are ready: the shards and
+    their records are the threads' bytes, and the stats count the readers."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     from lsr_index.inputs import units as units_module
 
-    lines = SAMPLE.read_text().splitlines()
-    source = tmp_path / "c.jsonl"
-    source.write_text("".join(line.replace('{"id": "', f'{{"id": "{copy}-', 1) + "\n"
-                              for copy in range(3) for line in lines))
+    records = [json.loads(line) for line in SAMPLE.read_text().splitlines()]
+    records = [{**r, "id": f"{copy}-{r['id']}"} for copy in range(3) for r in records]
+    source = tmp_path / f"c.{fmt}"
+    if fmt == "jsonl":
+        source.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        pq.write_table(pa.Table.from_pylist(records), source, row_group_size=40)
     monkeypatch.setattr(units_module, "FIRST_BYTES", 6000)
     monkeypatch.setattr(task, "readers_for", lambda cores: 3)
     threads = encode(source, tmp_path / "threads", False, monkeypatch, checkpoint_seconds=0)
@@ -85,11 +93,12 @@ def test_a_bad_record_read_in_the_input_process_is_one_line_naming_file_and_line
     assert not children(_self_pid(), b"input_main")
 
 
-@pytest.mark.parametrize(("stop_at", "resume_at"), [(512, 512), (768, 768)])
-def test_a_resumed_run_reads_its_checkpoints_in_the_input_process(tmp_path, monkeypatch, stop_at, resume_at):
+@pytest.mark.parametrize(("stop_at", "resume_at", "readers"), [(512, 512, 1), (768, 768, 1), (768, 768, 3)])
+def test_a_resumed_run_reads_its_checkpoints_in_the_input_process(tmp_path, monkeypatch, stop_at, resume_at, readers):
     """A run stopped after some chunks (one a piece here: checkpoint_seconds 0) is finished by a later run reading in
-    the input process: the same bytes as one uninterrupted run. The reader's batches hold 256 documents (the window),
-    cut at the shard edge 600: a run stopped at 768 has published shard 0 from its three chunks."""
+    one input process or three: the same bytes as one uninterrupted run. The reader's batches hold 256 documents (the
+    window), cut at the shard edge 600: a run stopped at 768 has published shard 0 from its three chunks."""
+    monkeypatch.setattr(task, "readers_for", lambda cores: readers)
     source = tmp_path / "c.jsonl"
     source.write_text("".join(json.dumps({"id": f"d{i}", "text": f"passage {i} about {i % 23}"}) + "\n"
                               for i in range(900)))
