@@ -225,10 +225,10 @@ def test_torch_compile_trains_through_the_custom_ops(packed, seed):
 
 @pytest.mark.parametrize("hidden", [128, 384, 1024])
 def test_other_hidden_sizes_with_rows_outside_every_document(hidden, seed):
-    """Hidden sizes of splade-tiny's family, MiniLM's and large models (the configs' column blocks cut to fit), in a
-    packed buffer whose first rows and last rows belong to no document and hold values large enough to show if
-    read: the forward ignores them, the backward writes their dH as zeros into a poisoned buffer, and the
-    documents' gradients match the float64 products."""
+    """Hidden sizes of splade-tiny's family, MiniLM's and large models (the configs' column blocks cut to fit). The
+    forward takes the documents' rows (cu_seqlens from 0 to T); the backward takes them inside a buffer of fixed
+    capacity whose first and last rows belong to no document: their dH is written as zeros into a poisoned buffer,
+    the documents' dH does not depend on them, and every gradient matches the float64 products."""
     vocab, dtype = 30_522, torch.bfloat16
     g = torch.Generator(device="cuda").manual_seed(seed)
     cpu = torch.Generator().manual_seed(seed)
@@ -236,28 +236,26 @@ def test_other_hidden_sizes_with_rows_outside_every_document(hidden, seed):
     b = (torch.randn(vocab, device="cuda", generator=g) - 1.0).to(dtype)
     lengths = torch.randint(1, 200, (24,), generator=cpu)
     lengths[[3, 11]] = 0
-    before, after = 37, 101
     cu = torch.zeros(25, dtype=torch.int32)
     cu[1:] = lengths.cumsum(0)
-    cu += before
-    buffer = torch.full((before + int(lengths.sum()) + after, hidden), 50.0, device="cuda", dtype=dtype)
-    inside = slice(before, before + int(lengths.sum()))
-    buffer[inside] = torch.randn(int(lengths.sum()), hidden, device="cuda", generator=g).to(dtype)
     cu = cu.cuda()
-    out, arg = training.splade_max_packed_argmax_triton(buffer, w, b, cu)
-    alone, alone_arg = training.splade_max_packed_argmax_triton(buffer[inside].contiguous(), w, b, cu - before)
-    assert torch.equal(out, alone), f"rows outside the documents changed the forward (seed {seed})"
-    assert torch.equal(torch.where(alone_arg >= 0, alone_arg + before, -1), arg), f"seed {seed}"
-    doc, _ = training._packed_rows(buffer[inside].contiguous(), cu - before)
-    _check_argmax(buffer[inside], doc, 24, w, b, alone_arg, seed)
+    tokens = torch.randn(int(lengths.sum()), hidden, device="cuda", generator=g).to(dtype)
+    out, arg = training.splade_max_packed_argmax_triton(tokens, w, b, cu)
+    doc, _ = training._packed_rows(tokens, cu)
+    _check_argmax(tokens, doc, 24, w, b, arg, seed)
     grad = torch.randn(24, vocab, device="cuda", generator=g)
-    poisoned = (torch.full_like(buffer, float("nan")), None, None)
-    dh = training._backward(grad, out, arg, buffer, w, cu, "log1p_relu", True, False, False, grads=poisoned)[0]
-    assert torch.isfinite(dh).all() and (dh[:before] == 0).all() and (dh[inside.stop:] == 0).all(), f"seed {seed}"
-    want = reference._argmax_backward(grad.double(), out, alone_arg.long(), buffer[inside].double(), w.double(),
-                                      "log1p_relu", (True, True, True))
-    got = training._backward(grad, out, alone_arg, buffer[inside].contiguous(), w, cu - before, "log1p_relu")
-    assert torch.equal(got[0], dh[inside]), f"dH inside depends on the rows around it (seed {seed})"
+    want = reference._argmax_backward(grad.double(), out, arg.long(), tokens.double(), w.double(), "log1p_relu",
+                                      (True, True, True))
+    got = training._backward(grad, out, arg, tokens, w, cu, "log1p_relu")
     for name, value, ref in zip(("hidden", "weight", "bias"), got, want):
         err = _rel(value, ref)
         assert torch.isfinite(value).all() and err <= TOL[dtype], f"hidden {hidden}: {name} rel err {err:.2e}"
+    before, after = 37, 101
+    buffer = torch.cat([torch.full((before, hidden), 50.0, device="cuda", dtype=dtype), tokens,
+                        torch.full((after, hidden), 50.0, device="cuda", dtype=dtype)])
+    poisoned = (torch.full_like(buffer, float("nan")), None, None)
+    dh = training._backward(grad, out, torch.where(arg >= 0, arg + before, -1), buffer, w, cu + before, "log1p_relu",
+                            True, False, False, grads=poisoned)[0]
+    assert torch.isfinite(dh).all() and (dh[:before] == 0).all() and (dh[before + len(tokens):] == 0).all(), \
+        f"seed {seed}"
+    assert torch.equal(dh[before:before + len(tokens)], got[0]), f"dH depends on the rows around it (seed {seed})"
