@@ -314,3 +314,19 @@ def test_a_stock_is_bounded_by_the_size_it_holds_and_lets_a_larger_item_in():
     stop.set()
     putter.join(5)
     assert blocked == [False] and stock.get() == "e"  # a stopped stream takes nothing more
+
+
+def test_input_processes_that_cannot_all_start_leave_none_running(monkeypatch):
+    started, real = [], feed.input_child
+
+    def third_fails():
+        if len(started) == 2:
+            raise LsrIndexError("cannot start the input-reading process: out of process slots")
+        started.append(real())
+        return started[-1]
+
+    monkeypatch.setattr(feed, "input_child", third_fails)
+    with pytest.raises(LsrIndexError, match="out of process slots"):
+        feed.input_children(4)
+    assert len(started) == 2 and all(child.process.poll() is not None for child in started)
+    assert not children(_self_pid(), b"input_main")

@@ -222,10 +222,10 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
         raise StopIteration
 
     def close(self) -> None:
-        """End the processes (at once unless they finished) and reap them."""
+        """End the processes (at once unless they finished) and reap them: all are told first, so that none reads
+        on while another is reaped."""
         self._stop.set()
-        for child in self._children:
-            child.close(finished=id(child) in self._finished)
+        close_all(self._children, finished=self._finished)
 
 
 def readers_for(cores: int) -> int:
@@ -236,6 +236,27 @@ def readers_for(cores: int) -> int:
 
 def input_child() -> PythonChild:
     return PythonChild("lsr_index.encode.feed:input_main", "the input-reading process")
+
+
+def input_children(n: int) -> list[PythonChild]:
+    """`n` input processes, started; none left running if one cannot start."""
+    children: list[PythonChild] = []
+    try:
+        for _ in range(n):
+            children.append(input_child())
+    except BaseException:
+        close_all(children)
+        raise
+    return children
+
+
+def close_all(children: Sequence[PythonChild], finished: set[int] = frozenset()) -> None:
+    """End `children` (at once, unless their id is in `finished`: they exit by themselves) and reap them."""
+    for child in children:
+        if id(child) not in finished and child.process.poll() is None:
+            child.process.terminate()
+    for child in children:
+        child.close(finished=id(child) in finished)
 
 
 def input_main(out: BinaryIO) -> None:

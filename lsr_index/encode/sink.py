@@ -1,8 +1,9 @@
 """Where a task's vectors go: chunk files, written in piece order on a thread of their own, each a run of consecutive
-documents of one shard. A chunk ends at its shard's end, where the task's next piece does not follow it (another task
-encodes what lies between), and at the last piece end before `checkpoint_seconds` pass since its first document
-began encoding (what a crash or Ctrl-C can lose); each finished chunk is reported, and the plan publishes a shard
-once its chunks cover it (shards.concatenate gives the bytes one uninterrupted writer would have).
+documents of one shard. A chunk ends at its shard's end, where the task's next piece does not follow it (another task,
+or another of its input processes, encodes what lies between), and at the last piece end before `checkpoint_seconds`
+pass since its first document began encoding (what a crash or Ctrl-C can lose); each finished chunk is reported, and
+the plan publishes a shard once its chunks cover it (shards.concatenate gives the bytes one uninterrupted writer
+would have).
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class ChunkSink:
                timing: tuple[float, float, float]) -> _Open | None:
         started, done, took = timing
         if chunk is not None and (chunk.shard != piece.shard or chunk.end != piece.start):
-            self.emit(self._finish(chunk))  # the piece does not follow it: another task encodes what lies between
+            self.emit(self._finish(chunk))  # the piece does not follow it: another task or reader has what lies between
             chunk = None
         if chunk is None:
             writer = ShardWriter(self.out / chunk_file(piece.shard, piece.start, self.fmt), self.fmt, self.vocab)

@@ -25,7 +25,8 @@ import numpy as np
 from lsr_index.encode.feed import (
     Feed,
     InputProcess,
-    input_child,
+    close_all,
+    input_children,
     readers_for,
     reads_in_a_process,
     serialized_tokenizer,
@@ -80,8 +81,8 @@ class ShardEncoder:
         self.pool: SerializerPool | None = None
         # the input processes start first: their interpreter and imports (a fraction of a second) pass while the
         # tokenizer, the vocabulary and the serializers are made here; `run` hands them their work
-        self.input_children = [input_child() for _ in range(readers_for(cores))] \
-            if reads_input and reads_in_a_process(device) else []
+        self.input_children = input_children(readers_for(cores)) if reads_input and reads_in_a_process(device) \
+            else []
         try:
             self._setup(job, device, cores)
         except BaseException:
@@ -156,8 +157,7 @@ class ShardEncoder:
         broke the caller's next model load (weights left on the meta device: model.load._BUILDING)."""
         if self.pool:
             self.pool.close()
-        for child in self.input_children:
-            child.close()
+        close_all(self.input_children)
         if loading := getattr(self, "_encoder", None):
             wait([loading])
 
@@ -176,12 +176,11 @@ class ShardEncoder:
         sink: ChunkSink | None = None
         spare, self.input_children = self.input_children, []  # a cluster's actor runs again: new ones then
         if not child:
-            for process in spare:
-                process.close()
+            close_all(spare)
         # reading and tokenizing begin now, while the model loads. In threads, one piece is read beside the load, no
         # more: the load is Python work too, and reading further ahead took the GIL from it
         if child:
-            spare = spare or [input_child() for _ in range(readers_for(self.cores))]
+            spare = spare or input_children(readers_for(self.cores))
             stream = InputProcess(job, assignment, units, tokenizer_json, spare,
                                   threads=max(1, self.cores // len(spare)))
         elif source is not None:
