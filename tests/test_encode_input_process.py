@@ -280,10 +280,11 @@ def test_the_input_process_reads_ahead_up_to_a_bound_in_tokens(tmp_path, monkeyp
     source = tmp_path / "many.jsonl"
     source.write_text("".join(json.dumps({"id": f"d{i}", "text": f"text {i}"}) + "\n" for i in range(5000)))
     stream = input_process(source, shard_docs=32)
-    deadline, held = time.time() + 60, -1
-    while time.time() < deadline and held != stream._items.held:  # until it stops growing
-        held = stream._items.held
-        time.sleep(1.0)
+    deadline = time.time() + 300
+    while time.time() < deadline and stream._items.held < 3000:
+        time.sleep(0.1)
+    time.sleep(1.0)  # at the bound it sends nothing more
+    held = stream._items.held
     largest_piece = 32 * 6  # [CLS] text <number: 1-3 pieces> [SEP]
     assert 3000 <= held < 3000 + largest_piece, held
     starts = [piece.start for piece, *_ in stream]
@@ -305,14 +306,14 @@ def test_a_stock_is_bounded_by_the_size_it_holds_and_lets_a_larger_item_in():
     assert putter.is_alive()  # at or above the bound: waits
     assert [stock.get(), stock.get()] == ["a", "b"] and putter.is_alive()  # 30 held still
     assert stock.get() == "c"
-    putter.join(5)
+    putter.join(60)
     assert late == [True] and stock.get() == "d" and stock.held == 0
     stock.put("e", 20)
     blocked = []
     putter = threading.Thread(target=lambda: blocked.append(stock.put("f", 1)))
     putter.start()
     stop.set()
-    putter.join(5)
+    putter.join(60)
     assert blocked == [False] and stock.get() == "e"  # a stopped stream takes nothing more
 
 
