@@ -11,7 +11,7 @@ import pickle
 import signal
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence, Set
 from typing import BinaryIO
 
 import numpy as np
@@ -141,10 +141,10 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
         self._units = units
         self._children = list(children) or [input_child()]
         self._ended = False  # no more items
-        self._finished: set[int] = set()  # the children that sent their end
+        self._finished: set[PythonChild] = set()  # the children that sent their end
         self._stop = threading.Event()
         self._items = Stock(_INPUT_AHEAD_TOKENS, self._stop)
-        self._sending = {id(child): threading.Lock() for child in self._children}
+        self._sending = {child: threading.Lock() for child in self._children}
         try:  # both directions in threads: the set-up (XLM-R's tokenizer is 17 MB) is read once the child runs
             for child in self._children:
                 threading.Thread(target=self._send_setup, args=(child, (job, assignment, tokenizer_json, threads)),
@@ -165,7 +165,7 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
         # stdin stays open: its end is how the child learns that this process is gone
 
     def _send(self, child: PythonChild, message: object) -> None:
-        with self._sending[id(child)]:
+        with self._sending[child]:
             pickle.dump(message, child.stdin, protocol=pickle.HIGHEST_PROTOCOL)
             child.stdin.flush()
 
@@ -206,7 +206,7 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
                 piece, tokens, stats = body
                 return piece, piece.rows.column("id").to_pylist(), tokens, stats
             if kind == "end":
-                self._finished.add(id(body[0]))
+                self._finished.add(body[0])
                 self._ended = len(self._finished) == len(self._children)
                 continue
             self._ended = True
@@ -250,13 +250,13 @@ def input_children(n: int) -> list[PythonChild]:
     return children
 
 
-def close_all(children: Sequence[PythonChild], finished: set[int] = frozenset()) -> None:
-    """End `children` (at once, unless their id is in `finished`: they exit by themselves) and reap them."""
+def close_all(children: Sequence[PythonChild], finished: Set[PythonChild] = frozenset()) -> None:
+    """End `children` (at once, unless in `finished`: they exit by themselves) and reap them."""
     for child in children:
-        if id(child) not in finished and child.process.poll() is None:
+        if child not in finished and child.process.poll() is None:
             child.process.terminate()
     for child in children:
-        child.close(finished=id(child) in finished)
+        child.close(finished=child in finished)
 
 
 def input_main(out: BinaryIO) -> None:
