@@ -24,6 +24,7 @@ from lsr_index.inputs.corpus import CorpusReader, ParsedBatch, batch_of, string_
 from lsr_index.model.tokens import TextTokenizer, Tokens
 from lsr_index.runtime.children import PythonChild, send_message
 from lsr_index.runtime.threads import Prefetch, Stock
+from lsr_index.runtime.timeline import mark
 
 Feed = Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]
 _PARSED_AHEAD = 16  # parsed batches a task holds ahead of its pieces: about a unit, so its next unit is being parsed
@@ -142,6 +143,7 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
         self._children = list(children) or [input_child()]
         self._ended = False  # no more items
         self._finished: set[PythonChild] = set()  # the children that sent their end
+        self._read_any = False  # a piece came (for the timeline)
         self._stop = threading.Event()
         self._items = Stock(_INPUT_AHEAD_TOKENS, self._stop)
         self._sending = {child: threading.Lock() for child in self._children}
@@ -182,6 +184,9 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
                 elif message[0] == "summary":
                     self._units.submit(message[1], lambda numbered: self._answer(child, "numbered", numbered))
                 elif message[0] == "piece":
+                    if not self._read_any:
+                        self._read_any = True
+                        mark("first tokenized piece received")
                     if not self._put(message, len(message[2].ids)):
                         return
                 else:

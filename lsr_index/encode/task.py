@@ -104,6 +104,7 @@ class ShardEncoder:
         self.serializers = min(8, max(1, cores // 2)) if device.startswith("cuda") else 0
         self.pool = SerializerPool(self.serializers, vocab) if self.serializers and \
             job.options.output_format != "parquet" else None
+        mark(f"tokenizer and {self.serializers} serializer(s) ready for {self.name}")
 
     def _load(self, tokenizer: object) -> None:
         try:  # whatever fails here is raised where the encoder is first used: nothing waits forever for it
@@ -122,10 +123,12 @@ class ShardEncoder:
                 prepared = None
                 if self.device.startswith("cuda"):
                     torch.cuda.set_device(self.device)
+                    mark(f"CUDA ready on {self.name}")
                     if self.job.options.backend != "torch":  # the Triton head will run: its key beside the load
                         prepared = beside.submit(sparton.prepare)
                 model = load_model(self.model, device=self.device, dtype=getattr(torch, self.job.dtype),
                                    tokenizer=tokenizer)
+                mark(f"weights on {self.name}")
                 if prepared:
                     prepared.result()
             self.loaded_at = time.time()

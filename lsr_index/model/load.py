@@ -61,7 +61,7 @@ def load_model(model: str | ModelRef = DEFAULT_MODEL, device: str = "cpu", dtype
     ref = ModelRef.resolve(model).here()
     path, layout, mlm_dir = ref.path, ref.layout, ref.mlm_dir
     tokenizer = tokenizer or ref.backend()
-    mlm = _masked_lm(mlm_dir, dtype or torch.float32)
+    mlm = _masked_lm(mlm_dir, dtype or torch.float32, device)
     decoder = mlm.get_output_embeddings()
     if not isinstance(decoder, torch.nn.Linear):
         raise LsrIndexError(f"model {mlm_dir}: the decoder of {type(mlm).__name__} is not a linear layer")
@@ -122,13 +122,13 @@ def _masked_lm_class(path: Path) -> tuple[object, type]:
     return config, MODEL_FOR_MASKED_LM_MAPPING[type(config)]
 
 
-def _masked_lm(path: Path, dtype: torch.dtype) -> torch.nn.Module:
-    """The masked LM with the weights read here: the BERT family's by model.family, any other (or a checkpoint that
-    does not fit it exactly) by transformers' own class for it."""
+def _masked_lm(path: Path, dtype: torch.dtype, device: str) -> torch.nn.Module:
+    """The masked LM with the weights read here: the BERT family's by model.family (on `device` already), any other
+    (or a checkpoint that does not fit it exactly) by transformers' own class for it (on the CPU)."""
     from lsr_index.model import family
 
     state = read_state_dict(path)
-    if (own := family.load(settings(path / "config.json"), state, dtype)) is not None:
+    if (own := family.load(settings(path / "config.json"), state, dtype, device)) is not None:
         return own
     from transformers.utils import logging as hf_logging
 

@@ -102,9 +102,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
            scale: float | None) -> torch.Tensor:
     """Attention inside each packed document: [T, heads, d] in and out."""
     if q.is_cuda:
-        from torch.nn.attention.varlen import varlen_attn
-
-        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, longest, longest, scale=scale)
+        # the flash kernel `torch.nn.attention.varlen.varlen_attn` runs, called as it calls it: its custom-op wrapper
+        # imports torch._dynamo (and SymPy) at its first call, seconds of a new process's start-up
+        return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, longest, longest, 0.0, False,
+                                                       False, scale=scale)[0]
     out = torch.empty_like(q)  # document by document: where flash attention is not (the tests' CPU check)
     bounds = cu_seqlens.tolist()
     for lo, hi in itertools.pairwise(bounds):
