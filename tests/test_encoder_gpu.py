@@ -159,3 +159,41 @@ def test_packed_families_on_cuda_equal_the_full_masked_lm(kind, tmp_path):
     want = reference_weights(mlm.double(), tokenizer, texts, 24)
     rel = ((got - want).norm() / want.norm()).item()
     assert rel < 1e-2, rel
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_weights_converted_on_the_gpu_are_the_hosts_conversion(dtype, tmp_path):
+    """A BERT-family checkpoint reaches the GPU in float32 and is converted there (model.family.load): each weight is
+    bit for bit what converting it on the host gives, and so is the conversion of odd values (subnormals, ties,
+    values past the type's largest)."""
+    from tiny_models import save_masked_lm
+
+    from lsr_index.model.files import read_state_dict
+
+    path, _, _ = save_masked_lm("bert", tmp_path, pickled=False, seed=7)
+    state = read_state_dict(path)
+    model = load_model(str(path), device="cuda", dtype=dtype)
+    params = dict(model.body.named_parameters())
+    compared = [name for name in params if name in state]
+    assert len(compared) > 20
+    for name in compared:
+        assert torch.equal(params[name].cpu(), state[name].to(dtype)), name
+    edge = torch.tensor([1e-40, -1e-45, 3.4e38, 65504.0, 65520.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -9, float("inf")])
+    assert torch.equal(edge.to("cuda").to(dtype).cpu(), edge.to(dtype))
+
+
+@pytest.mark.parametrize("heads, width", [(12, 64), (4, 128), (3, 32)])
+def test_packed_attention_is_the_flash_kernel_of_varlen_attn(heads, width):
+    """packed.attend calls the flash kernel as torch.nn.attention.varlen.varlen_attn calls it, without the custom
+    op's wrapper: the same values, bit for bit, for documents of odd lengths (one of a single token)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    from lsr_index.model.packed import attend
+
+    g = torch.Generator(device="cuda").manual_seed(width)
+    bounds = torch.tensor([0, 1, 18, 201, 202, 777], device="cuda", dtype=torch.int32)
+    longest = int((bounds[1:] - bounds[:-1]).max())
+    q, k, v = (torch.randn(777, heads, width, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    scale = width ** -0.5
+    assert torch.equal(attend(q, k, v, bounds, longest, scale),
+                       varlen_attn(q, k, v, bounds, bounds, longest, longest, scale=scale))

@@ -236,8 +236,9 @@ def load(settings: dict, state: dict[str, torch.Tensor], dtype: torch.dtype, dev
          ) -> FamilyMaskedLM | None:
     """The model of `settings` (its config.json) with the weights `state` in `dtype` on `device`, or None where this
     module does not run it or the weights do not fit it exactly (a name missing, a shape that differs). Each tensor
-    goes to the device before its conversion: a GPU converts 110M float32 weights in milliseconds, the host's cores
-    in most of a second while the input's tokenizers hold them at start-up."""
+    goes to the device as it is and is converted there: `.to(device, dtype)` converts a host-to-GPU copy on the host,
+    in torch's CPU threads, which at start-up wait for the cores the input's tokenizers hold (BERT-base: ~0.65 s
+    against ~0.1 s on a busy 16-core host, docs/performance/encode.md, "Start-up")."""
     config = family_config(settings)
     if config is None:
         return None
@@ -259,7 +260,8 @@ def load(settings: dict, state: dict[str, torch.Tensor], dtype: torch.dtype, dev
             continue
         if value is None or value.shape != param.shape:
             return None
-        tensors[name] = value.to(device=device, dtype=dtype if value.is_floating_point() else value.dtype)
+        value = value.to(device)
+        tensors[name] = value.to(dtype) if value.is_floating_point() else value
     model.load_state_dict(tensors, strict=False, assign=True)
     holder = model.get_submodule(bias.rsplit(".", 1)[0])
     decoder.bias = holder.bias  # one parameter under both names again, as in transformers
