@@ -119,13 +119,14 @@ class ShardEncoder:
             # torch's own default is every core of the machine, not the cores this process may use: threads beyond
             # those wait on each other at every parallel region
             torch.set_num_threads(self.cores)
+            cuda = self.device.startswith("cuda")
             with ThreadPoolExecutor(1, thread_name_prefix="kernel-prepare") as beside:
-                prepared = None
-                if self.device.startswith("cuda"):
+                # the Triton head will run: its cache key, hashing Triton's library (most of a second on busy cores),
+                # beside CUDA's set-up and the load, both of which it outlasted when it started after the set-up
+                prepared = beside.submit(sparton.prepare) if cuda and self.job.options.backend != "torch" else None
+                if cuda:
                     torch.cuda.set_device(self.device)
                     mark(f"CUDA ready on {self.name}")
-                    if self.job.options.backend != "torch":  # the Triton head will run: its key beside the load
-                        prepared = beside.submit(sparton.prepare)
                 model = load_model(self.model, device=self.device, dtype=getattr(torch, self.job.dtype),
                                    tokenizer=tokenizer)
                 mark(f"weights on {self.name}")
