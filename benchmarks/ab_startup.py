@@ -2,7 +2,7 @@
 synthetic documents run as a user's run starts (a new process that has imported lsr-index and not used CUDA), and,
 with --scifact, the command a user types on real text (splade-tiny, SciFact x20, default flags).
 
-    git archive REV lsr_index | tar -x -C /tmp/before
+    git archive REV lsr_index sparton | tar -x -C /tmp/before
     python benchmarks/ab_startup.py --tokenizer DIR --before /tmp/before [--scifact DIR] [--rounds 3]
 
 Each run records its timeline (LSR_INDEX_TIMELINE: CUDA set up, weights on the device, first tokenized piece,
@@ -138,7 +138,8 @@ def main() -> None:
                       f"{row['model_loaded_after_seconds']:.2f} s), then {row['docs_per_second_after_startup']:,.0f} "
                       f"docs/s; end to end {row['docs_per_second']:,.0f} docs/s", flush=True)
                 if sci20:
-                    command = ("env", f"PYTHONPATH={python_path(tree)}", sys.executable, "-m", "lsr_index")
+                    # -P: `-m` would put the working directory (this tree) ahead of PYTHONPATH
+                    command = ("env", f"PYTHONPATH={python_path(tree)}", sys.executable, "-P", "-m", "lsr_index")
                     r = run_cli(sci20, work / "cli", 1, command)
                     row = {"tree": label, "round": round_, "workload": "CLI, splade-tiny, SciFact x20",
                            "process_seconds": round(r["seconds"], 3), "encode_seconds": r["encode_seconds"],

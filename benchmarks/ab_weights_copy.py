@@ -29,25 +29,32 @@ torch.cuda.set_device(0); torch.zeros(1, device="cuda"); torch.cuda.synchronize(
 from safetensors.torch import load_file
 method, path = sys.argv[1], sys.argv[2]
 t0 = time.perf_counter()
-if method == "per tensor .to(cuda, bf16)":
+if method == "per-tensor to(cuda, bf16)":
     out = {k: v.to("cuda", torch.bfloat16) for k, v in load_file(path).items()}
-elif method == "per tensor .to(cuda).to(bf16)":
+elif method == "per-tensor to(cuda).to(bf16)":
     out = {k: v.to("cuda").to(torch.bfloat16) for k, v in load_file(path).items()}
-elif method == "the file in one copy, views converted":
+elif method == "flat file to(cuda), views":
     with open(path, "rb") as f:
         n = int.from_bytes(f.read(8), "little"); header = json.loads(f.read(n))
         buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     flat = torch.frombuffer(buf, dtype=torch.uint8).to("cuda")
     out = {k: flat[8 + n + m["data_offsets"][0]: 8 + n + m["data_offsets"][1]].view(torch.float32)
            .view(m["shape"]).to(torch.bfloat16) for k, m in header.items() if k != "__metadata__"}
-elif method == "load_file(device=cuda), converted":
+elif method == "load_file(device=cuda)":
     out = {k: v.to(torch.bfloat16) for k, v in load_file(path, device="cuda:0").items()}
 torch.cuda.synchronize()
 print(f"{time.perf_counter() - t0:.3f}")
 """
 
-METHODS = ("per tensor .to(cuda, bf16)", "per tensor .to(cuda).to(bf16)", "the file in one copy, views converted",
-           "load_file(device=cuda), converted")
+METHODS = ("per-tensor to(cuda, bf16)", "per-tensor to(cuda).to(bf16)", "flat file to(cuda), views",
+           "load_file(device=cuda)")  # the last two convert on the GPU too
+
+
+def _seconds(method: str, path: str, conf: str) -> str:
+    """One new process's time for `method`, or its error's last line."""
+    done = subprocess.run([sys.executable, "-c", ONE, method, path], capture_output=True, text=True,
+                          env={**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf})
+    return done.stdout.strip() if done.returncode == 0 else f"failed: {done.stderr.strip().splitlines()[-1:]}"
 
 
 def main() -> None:
@@ -66,9 +73,7 @@ def main() -> None:
             try:
                 for conf in ("expandable_segments:True", ""):
                     for method in METHODS:
-                        times = [subprocess.run([sys.executable, "-c", ONE, method, path], capture_output=True,
-                                                text=True, env={**os.environ, "PYTORCH_CUDA_ALLOC_CONF": conf}
-                                                ).stdout.strip() or "failed" for _ in range(2)]
+                        times = [_seconds(method, path, conf) for _ in range(2)]
                         print(f"cores busy={busy} alloc={conf or 'default'} {method}: {times}", flush=True)
             finally:
                 for spinner in spinners:

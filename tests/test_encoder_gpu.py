@@ -168,14 +168,16 @@ def test_weights_converted_on_the_gpu_are_the_hosts_conversion(dtype, tmp_path):
     values past the type's largest)."""
     from tiny_models import save_masked_lm
 
+    from lsr_index.model.family import FamilyMaskedLM
     from lsr_index.model.files import read_state_dict
 
     path, _, _ = save_masked_lm("bert", tmp_path, pickled=False, seed=7)
     state = read_state_dict(path)
     model = load_model(str(path), device="cuda", dtype=dtype)
+    assert isinstance(model.body, FamilyMaskedLM)  # loaded by model.family, not by transformers
     params = dict(model.body.named_parameters())
     compared = [name for name in params if name in state]
-    assert len(compared) > 20
+    assert len(compared) > 20 and all(state[name].dtype == torch.float32 for name in compared)
     for name in compared:
         assert torch.equal(params[name].cpu(), state[name].to(dtype)), name
     edge = torch.tensor([1e-40, -1e-45, 3.4e38, 65504.0, 65520.0, 1.0 + 2 ** -8, 1.0 + 3 * 2 ** -9, float("inf")])

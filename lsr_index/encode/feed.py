@@ -143,7 +143,7 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
         self._children = list(children) or [input_child()]
         self._ended = False  # no more items
         self._finished: set[PythonChild] = set()  # the children that sent their end
-        self._read_any = False  # a piece came (for the timeline)
+        self._first_piece = threading.Lock()  # held from the first piece on (for the timeline)
         self._stop = threading.Event()
         self._items = Stock(_INPUT_AHEAD_TOKENS, self._stop)
         self._sending = {child: threading.Lock() for child in self._children}
@@ -184,8 +184,7 @@ class InputProcess(Iterator[tuple[Piece, list[str], "Tokens", PieceStats]]):
                 elif message[0] == "summary":
                     self._units.submit(message[1], lambda numbered: self._answer(child, "numbered", numbered))
                 elif message[0] == "piece":
-                    if not self._read_any:
-                        self._read_any = True
+                    if self._first_piece.acquire(blocking=False):  # one reader's thread wins, once
                         mark("first tokenized piece received")
                     if not self._put(message, len(message[2].ids)):
                         return

@@ -122,7 +122,7 @@ class ShardEncoder:
             cuda = self.device.startswith("cuda")
             with ThreadPoolExecutor(1, thread_name_prefix="kernel-prepare") as beside:
                 # the Triton head will run: its cache key, hashing Triton's library (most of a second on busy cores),
-                # beside CUDA's set-up and the load, both of which it outlasted when it started after the set-up
+                # from the start, beside CUDA's set-up and the load
                 prepared = beside.submit(sparton.prepare) if cuda and self.job.options.backend != "torch" else None
                 if cuda:
                     torch.cuda.set_device(self.device)

@@ -260,6 +260,8 @@ def load(settings: dict, state: dict[str, torch.Tensor], dtype: torch.dtype, dev
             continue
         if value is None or value.shape != param.shape:
             return None
+        tensors[name] = value
+    for name, value in tensors.items():  # every tensor fits: only now to the device (one float32 tensor at a time)
         value = value.to(device)
         tensors[name] = value.to(dtype) if value.is_floating_point() else value
     model.load_state_dict(tensors, strict=False, assign=True)

@@ -12,6 +12,7 @@ mix tokens only in attention, which goes through transformers' attention interfa
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 
 import numpy as np
@@ -41,11 +42,9 @@ def packs(mlm: torch.nn.Module, device: str | torch.device, dtype: torch.dtype) 
     width = getattr(config, "hidden_size", None) or config.dim
     if width % heads or (width // heads) % 8 or width // heads > 256:
         return False
-    try:
-        from torch.nn.attention.varlen import varlen_attn  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    # looked up, not imported: importing it imports torch._dynamo (from torch 2.13; at its first call before), seconds
+    # of a new process's start-up
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None
 
 
 def pack(mlm: torch.nn.Module) -> None:
@@ -102,8 +101,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
            scale: float | None) -> torch.Tensor:
     """Attention inside each packed document: [T, heads, d] in and out."""
     if q.is_cuda:
-        # the flash kernel `torch.nn.attention.varlen.varlen_attn` runs, called as it calls it: its custom-op wrapper
-        # imports torch._dynamo (and SymPy) at its first call, seconds of a new process's start-up
+        # the flash kernel `torch.nn.attention.varlen.varlen_attn` runs, called as it calls it, without its module
+        # and custom-op wrapper, which import torch._dynamo and SymPy: seconds of a new process's start-up
         return torch.ops.aten._flash_attention_forward(q, k, v, cu_seqlens, cu_seqlens, longest, longest, 0.0, False,
                                                        False, scale=scale)[0]
     out = torch.empty_like(q)  # document by document: where flash attention is not (the tests' CPU check)
