@@ -6,8 +6,8 @@ with --scifact, the command a user types on real text (splade-tiny, SciFact x20,
     python benchmarks/ab_startup.py --tokenizer DIR --before /tmp/before [--scifact DIR] [--rounds 3]
 
 Each run records its timeline (LSR_INDEX_TIMELINE: CUDA set up, weights on the device, first tokenized piece,
-warm-up...), the worker's start-up and its rate after it. --sample adds a run of this tree whose threads are
-sampled every 5 ms, printed as spans of one stack: where the time before the first batch goes.
+warm-up...), the worker's start-up and its rate after it. --sample adds a run of the script's own checkout whose
+threads are sampled every 5 ms, printed as spans of one stack: where the time before the first batch goes.
 Writes ab_startup_<GPU>.json.
 """
 
@@ -104,7 +104,8 @@ def main() -> None:
     parser.add_argument("--scifact", type=Path, help="BEIR SciFact directory: also the CLI on SciFact x20")
     parser.add_argument("--docs", type=int, default=300_000, help="synthetic documents of the BERT-base runs")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--sample", action="store_true", help="one more run of this tree, its threads sampled")
+    parser.add_argument("--sample", action="store_true",
+                        help="one more run of the script's own checkout, its threads sampled")
     parser.add_argument("--out", type=Path, default=HERE / "benchmarks" / "results")
     args = parser.parse_args()
     import torch
@@ -138,7 +139,7 @@ def main() -> None:
                       f"{row['model_loaded_after_seconds']:.2f} s), then {row['docs_per_second_after_startup']:,.0f} "
                       f"docs/s; end to end {row['docs_per_second']:,.0f} docs/s", flush=True)
                 if sci20:
-                    # -P: `-m` would put the working directory (this tree) ahead of PYTHONPATH
+                    # -P: `-m` would put the working directory (the newer checkout) ahead of PYTHONPATH
                     command = ("env", f"PYTHONPATH={python_path(tree)}", sys.executable, "-P", "-m", "lsr_index")
                     r = run_cli(sci20, work / "cli", 1, command)
                     row = {"tree": label, "round": round_, "workload": "CLI, splade-tiny, SciFact x20",
