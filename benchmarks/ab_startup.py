@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -25,18 +24,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_encode import make_model, real_corpus, run_cli, synthetic_corpus, words_from
+from bench_encode import _FRESH, make_model, real_corpus, run_cli, synthetic_corpus, timeline_of, words_from
 from provenance import provenance, with_provenance
 
 HERE = Path(__file__).resolve().parents[1]
 
-# run_lsr_index in a new process, its threads sampled (PROBE_SAMPLE seconds) when asked
-FRESH = r"""
-import collections, json, os, sys, threading, time, traceback
+# put before bench_encode's own new-process run (_FRESH) when asked: samples every thread each 5 ms from the start
+# of run_lsr_index, and prints the spans of one stack per thread to stderr at exit
+SAMPLER = r"""
+import atexit, collections, json, os, sys, threading, time, traceback
 sys.path.insert(0, sys.argv[1])
 import bench_encode
-from lsr_index.model.load import import_model_code
-from lsr_index.model.ref import ModelRef
 
 samples = []
 
@@ -50,27 +48,27 @@ def sample(t0: float, seconds: float) -> None:
                 samples.append((time.time() - t0, names.get(ident, "?"), " < ".join(reversed(where[-4:]))))
         time.sleep(0.005)
 
-args = json.loads(sys.argv[2])
-import_model_code(ModelRef.resolve(args["model_dir"]))
-if seconds := float(os.environ.get("PROBE_SAMPLE", "0")):
-    threading.Thread(target=sample, args=(time.time(), seconds), daemon=True).start()
-paths = [bench_encode.Path(args.pop(k)) for k in ("model_dir", "corpus", "out")]
-result = bench_encode.run_lsr_index(*paths, devices=tuple(args.pop("devices")), **args)
-spans = collections.defaultdict(list)
-for now, name, where in samples:
-    if name in ("MainThread", "model-load") or name.startswith("input"):
-        rows = spans[name]
-        if rows and rows[-1][2] == where:
-            rows[-1][1] = now
-        else:
-            rows.append([now, now, where])
-result["sampled"] = {name: [r for r in rows if r[1] - r[0] >= 0.02] for name, rows in spans.items()}
-print("RESULT", json.dumps(result))
+def spans() -> None:
+    by_thread = collections.defaultdict(list)
+    for now, name, where in samples:
+        if name in ("MainThread", "model-load") or name.startswith("input"):
+            rows = by_thread[name]
+            if rows and rows[-1][2] == where:
+                rows[-1][1] = now
+            else:
+                rows.append([now, now, where])
+    kept = {name: [r for r in rows if r[1] - r[0] >= 0.02] for name, rows in by_thread.items()}
+    print("SAMPLED", json.dumps(kept), file=sys.stderr, flush=True)
+
+run = bench_encode.run_lsr_index
+
+def sampled_run(*args, **kwargs):
+    threading.Thread(target=sample, args=(time.time(), float(os.environ["PROBE_SAMPLE"])), daemon=True).start()
+    return run(*args, **kwargs)
+
+bench_encode.run_lsr_index = sampled_run
+atexit.register(spans)
 """
-
-
-def timeline(stderr: str) -> list[tuple[float, str]]:
-    return [(float(m[1]), m[2]) for m in re.finditer(r"timeline ([\d.]+) s: (.*)", stderr)]
 
 
 def python_path(tree: Path) -> str:
@@ -82,8 +80,9 @@ def fresh_run(tree: Path, args: dict, sample: float = 0.0) -> dict:
     env = {**os.environ, "LSR_INDEX_TIMELINE": "1", "PYTHONPATH": python_path(tree)}
     if sample:
         env["PROBE_SAMPLE"] = str(sample)
+    script = (SAMPLER if sample else "") + _FRESH
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-P", "-c", FRESH, str(Path(__file__).parent), json.dumps(args)],
+    done = subprocess.run([sys.executable, "-P", "-c", script, str(Path(__file__).parent), json.dumps(args)],
                           capture_output=True, text=True, env=env)
     if done.returncode:
         raise SystemExit(f"the run in {tree} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -94,7 +93,8 @@ def fresh_run(tree: Path, args: dict, sample: float = 0.0) -> dict:
             "startup_seconds": worker["startup_seconds"],
             "model_loaded_after_seconds": worker["model_loaded_after_seconds"],
             "docs_per_second_after_startup": worker["docs_per_second_after_startup"],
-            "timeline": timeline(done.stderr), "sampled": result.get("sampled")}
+            "timeline": timeline_of(done.stderr),
+            "sampled": json.loads(done.stderr.rsplit("SAMPLED ", 1)[1]) if sample else None}
 
 
 def main() -> None:

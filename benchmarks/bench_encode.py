@@ -294,11 +294,17 @@ def run_lsr_index_fresh(model_dir: Path, corpus: Path, out: Path, devices: tuple
     return {**json.loads(stdout.rsplit("RESULT ", 1)[1]), "host_use": use.summary()}
 
 
+def timeline_of(stderr: str) -> list[tuple[float, str]]:
+    """The steps a process printed with LSR_INDEX_TIMELINE set: (seconds since its start, step)."""
+    import re
+
+    return [(float(m[1]), m[2]) for m in re.finditer(r"timeline ([\d.]+) s: (.*)", stderr)]
+
+
 def run_cli(corpus: Path, out: Path, gpus: int, command: Sequence[str] = (sys.executable, "-m", "lsr_index")) -> dict:
     """`lsr-index encode CORPUS` as a user types it (the default model and flags) on the first `gpus` GPUs, timed
     from the command's start to its exit, with the summary's rates and the start-up's steps (LSR_INDEX_TIMELINE).
     `command`: what runs lsr-index's command line."""
-    import re
     import subprocess
 
     env = {**os.environ, "LSR_INDEX_TIMELINE": "1", "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
@@ -313,7 +319,7 @@ def run_cli(corpus: Path, out: Path, gpus: int, command: Sequence[str] = (sys.ex
     manifest = json.loads((out / "manifest.json").read_text())
     stats = manifest["stats"]
     started = max((w["startup_seconds"] for w in stats["per_worker"] if w["docs"]), default=0.0)
-    timeline = [(float(m[1]), m[2]) for m in re.finditer(r"timeline ([\d.]+) s: (.*)", stderr)]
+    timeline = timeline_of(stderr)
     shutil.rmtree(out)
     return {"docs": manifest["docs"], "seconds": seconds, "encode_seconds": stats["seconds"],
             "docs_per_second_encode_clock": stats["docs_per_second"],

@@ -121,8 +121,8 @@ class ShardEncoder:
             torch.set_num_threads(self.cores)
             cuda = self.device.startswith("cuda")
             with ThreadPoolExecutor(1, thread_name_prefix="kernel-prepare") as beside:
-                # the Triton head will run: its cache key, hashing Triton's library (most of a second on busy cores),
-                # from the start, beside CUDA's set-up and the load
+                # the Triton head will run: its cache key (a hash of Triton's library) from the start, beside CUDA's
+                # set-up and the load
                 prepared = beside.submit(sparton.prepare) if cuda and self.job.options.backend != "torch" else None
                 if cuda:
                     torch.cuda.set_device(self.device)

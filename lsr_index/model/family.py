@@ -237,8 +237,8 @@ def load(settings: dict, state: dict[str, torch.Tensor], dtype: torch.dtype, dev
     """The model of `settings` (its config.json) with the weights `state` in `dtype` on `device`, or None where this
     module does not run it or the weights do not fit it exactly (a name missing, a shape that differs). Each tensor
     goes to the device as it is and is converted there: `.to(device, dtype)` converts a host-to-GPU copy on the host,
-    in torch's CPU threads, which at start-up wait for the cores the input's tokenizers hold (BERT-base: ~0.65 s
-    against ~0.1 s on a busy 16-core host, docs/performance/encode.md, "Start-up")."""
+    in torch's CPU threads, which at start-up wait for the cores the input's tokenizers hold
+    (docs/performance/encode.md, "Start-up")."""
     config = family_config(settings)
     if config is None:
         return None
