@@ -8,7 +8,7 @@ with --scifact, the command a user types on real text (splade-tiny, SciFact x20,
 Each run records its timeline (LSR_INDEX_TIMELINE: CUDA set up, weights on the device, first tokenized piece,
 warm-up...), the worker's start-up and its rate after it. --sample adds a run of the script's own checkout whose
 threads are sampled every 5 ms, printed as spans of one stack: where the time before the first batch goes.
-Writes ab_startup_<GPU>.json.
+Writes ab_startup_<GPU>[_<name>].json.
 """
 
 from __future__ import annotations
@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--sample", action="store_true",
                         help="one more run of the script's own checkout, its threads sampled")
     parser.add_argument("--out", type=Path, default=HERE / "benchmarks" / "results")
+    parser.add_argument("--name", default="", help="appended to the file's name: ab_startup_<GPU>_<name>.json")
     args = parser.parse_args()
     import torch
 
@@ -170,7 +171,7 @@ def main() -> None:
         print(f"{name}: start-up {m['startup_seconds']:.2f} s, after it {m['docs_per_second_after_startup']:,.0f} "
               f"docs/s, encode {m['encode_seconds']:.2f} s, process {m['process_seconds']:.2f} s (medians)")
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"ab_startup_{gpu.replace(' ', '_')}.json"
+    path = args.out / f"ab_startup_{gpu.replace(' ', '_')}{'_' + args.name if args.name else ''}.json"
     path.write_text(json.dumps(with_provenance({"rows": rows, "medians": medians}, provenance()), indent=1))
     print(f"wrote {path}")
 

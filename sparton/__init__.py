@@ -119,8 +119,8 @@ def splade_max_packed(
 
 def prepare() -> None:
     """The part of a process's first Triton launch that needs no GPU, done now: Triton keys its on-disk cache by a
-    hash of its own sources and library (hundreds of MB: a noticeable fraction of a second, once per process;
-    docs/performance/encode.md, "A new process's first pass"). Call it in a thread beside other start-up work; the
-    hashing holds the GIL little."""
+    hash of its own sources and library (hundreds of MB, once per process), read here from a file kept by an earlier
+    process for the same installation, else computed and kept (sparton/triton_key.py). Call it in a thread beside
+    other start-up work: the hashing, when it runs, holds the GIL little."""
     if splade_head is not None:
         splade_head.prepare()

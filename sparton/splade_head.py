@@ -30,6 +30,7 @@ import triton.language as tl
 from torch import Tensor
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import triton_key
 from .activations import ACTIVATIONS
 
 
@@ -277,12 +278,8 @@ def interpreting() -> bool:
 
 
 def prepare() -> None:
-    """sparton.prepare: Triton's cache key, computed once per process (lru_cache) and kept for the first launch."""
-    try:
-        from triton.runtime.cache import triton_key
-    except ImportError:  # a Triton that keys its cache elsewhere: its first launch computes what it needs
-        return
-    triton_key()
+    """sparton.prepare: Triton's cache key for this process, kept from an earlier one or computed (triton_key.py)."""
+    triton_key.install()
 
 
 def _double_log(activation: str) -> bool:
