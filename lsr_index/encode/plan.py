@@ -28,6 +28,7 @@ from lsr_index.encode.task import WorkerResult
 from lsr_index.errors import LsrIndexError
 from lsr_index.inputs.sequence import Sequencer
 from lsr_index.runtime.durable import atomic_write_bytes, exclusive_lock, fsync_directory, refuse_symlink, sha256_file
+from lsr_index.runtime.timeline import mark
 from lsr_index.vectors.manifest import (
     MANIFEST,
     Chunk,
@@ -238,6 +239,7 @@ class Plan:
         if self._failed is not None:
             raise self._failed
         self.publish_covered(total)
+        mark("last shard published")
         m.shards.sort(key=lambda s: s.start)
         expected = 0
         for shard in m.shards:  # the shards must tile [0, total) exactly
@@ -272,6 +274,7 @@ class Plan:
         with completing():
             m.complete = True
             self.save()
+        mark("manifest complete")
         return m
 
 

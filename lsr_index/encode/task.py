@@ -229,8 +229,10 @@ class ShardEncoder:
             if sink is not None:
                 sink.close(wait=False)
             raise
+        mark(f"last batch encoded on {self.name}")
         stream.close()
         sink.close()
+        mark(f"vectors written on {self.name}")
         return WorkerResult(tokens=encoder.n_tokens - tokens0, worker=worker, device=self.name,
                             docs=encoder.n_docs - docs0, loaded_at=self.loaded_at, ready_at=ready_at or time.time(),
                             done_at=time.time(), cores=self.cores, serializers=self.serializers,

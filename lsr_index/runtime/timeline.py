@@ -1,6 +1,7 @@
-"""A command's start-up, step by step: with LSR_INDEX_TIMELINE set, each step's time since the process started goes
-to stderr as one line (`timeline 1.234 s: model resolved`), so the time before the first batch can be measured where
-it is spent (imports, the plan, the workers' start, the model's load)."""
+"""A command's steps: with LSR_INDEX_TIMELINE set, each step's time since the process started goes to stderr as one
+line (`timeline 1.234 s: model resolved`), so the time before the first batch and after the last can be measured
+where it is spent (imports, the plan, the workers' start, the model's load; the last vectors written, the last shard
+published)."""
 
 from __future__ import annotations
 
