@@ -13,10 +13,11 @@ computed once to its compile workers (`triton/_compile_warmup_pool.py`); any oth
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import secrets
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -49,16 +50,17 @@ def kept_key(package: Path, version: str, directory: Path, compute: Callable[[],
     except (OSError, UnicodeDecodeError):
         pass
     key = compute()
-    temporary = None
+    temporary = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(handle, "w", encoding="utf-8") as f:
+        # created as Triton's own cache files are (the umask's permissions), not private: a cache directory shared
+        # by several users keeps one key for all
+        with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", encoding="utf-8") as f:
             f.write(key)
         os.replace(temporary, path)
     except OSError:
-        if temporary:
-            Path(temporary).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # never made, or its directory is not one
+            temporary.unlink()
     return key
 
 

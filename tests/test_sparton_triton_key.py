@@ -48,6 +48,9 @@ def test_a_kept_key_is_read_back_instead_of_computed(tmp_path):
     assert kept_key(package, VERSION, directory, compute) == first and compute.calls == 1
     kept = list(directory.iterdir())
     assert len(kept) == 1 and kept[0].read_text() == first and not kept[0].name.startswith(".")
+    umask = os.umask(0)
+    os.umask(umask)
+    assert kept[0].stat().st_mode & 0o777 == 0o666 & ~umask  # readable as the cache's other files are
 
 
 @pytest.mark.parametrize("change", ["source edited", "source added", "binary replaced", "same size, new mtime",

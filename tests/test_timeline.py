@@ -32,6 +32,6 @@ def test_a_run_prints_each_step_once_in_order_from_parse_to_manifest(tmp_path):
     printed = re.findall(r"^timeline (\d+\.\d{3}) s: (.*)$", run.stderr, re.MULTILINE)
     assert [step for _, step in printed] == STEPS, run.stderr
     times = [float(t) for t, _ in printed]
-    assert times == sorted(times) and 0 < times[0]
+    assert times == sorted(times) and times[0] > 0
     quiet = _encode(tmp_path / "w", timeline=False)
     assert quiet.returncode == 0 and "timeline" not in quiet.stderr, quiet.stderr
