@@ -87,12 +87,12 @@ def fresh_run(tree: Path, args: dict, sample: float = 0.0) -> dict:
     if done.returncode:
         raise SystemExit(f"the run in {tree} failed ({done.returncode}): {done.stderr[-2000:]}")
     result = json.loads(done.stdout.rsplit("RESULT ", 1)[1])
-    worker = result["per_worker"][0]
+    workers = result["per_worker"]  # several when the run was given several devices: the last one's start counts
     return {"process_seconds": round(time.perf_counter() - t0, 3), "encode_seconds": round(result["seconds"], 3),
             "docs": result["docs"], "docs_per_second": round(result["docs"] / result["seconds"], 1),
-            "startup_seconds": worker["startup_seconds"],
-            "model_loaded_after_seconds": worker["model_loaded_after_seconds"],
-            "docs_per_second_after_startup": worker["docs_per_second_after_startup"],
+            "startup_seconds": max(w["startup_seconds"] for w in workers),
+            "model_loaded_after_seconds": max(w["model_loaded_after_seconds"] for w in workers),
+            "docs_per_second_after_startup": sum(w["docs_per_second_after_startup"] for w in workers),
             "timeline": timeline_of(done.stderr),
             "sampled": json.loads(done.stderr.rsplit("SAMPLED ", 1)[1]) if sample else None}
 
@@ -107,11 +107,16 @@ def main() -> None:
     parser.add_argument("--sample", action="store_true",
                         help="one more run of the script's own checkout, its threads sampled")
     parser.add_argument("--out", type=Path, default=HERE / "benchmarks" / "results")
+    parser.add_argument("--device", default="",
+                        help="the runs' devices (default: the first GPU); e.g. cuda:0,cuda:0 runs two worker "
+                             "processes on one GPU, to time what several workers add to the start and the end")
     parser.add_argument("--name", default="", help="appended to the file's name: ab_startup_<GPU>_<name>.json")
     args = parser.parse_args()
     import torch
 
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
+    devices = args.device.split(",") if args.device else [device]
+    options = ("--device", args.device) if args.device else ()
     gpu = torch.cuda.get_device_name(0) if device != "cpu" else "cpu"
     trees = {"before": args.before.resolve(), "after": HERE}
     rows: list[dict] = []
@@ -122,7 +127,7 @@ def main() -> None:
         bert = make_model("bert-base", work / "bert-base", args.tokenizer, device, device == "cpu", texts[:256])
         corpus = work / "synthetic.jsonl"
         synthetic_corpus(corpus, args.docs, words, seed=3)
-        run = {"model_dir": str(bert), "corpus": str(corpus), "out": str(work / "out"), "devices": [device],
+        run = {"model_dir": str(bert), "corpus": str(corpus), "out": str(work / "out"), "devices": devices,
                "dtype": "bfloat16" if device != "cpu" else "float32",
                "max_tokens": 131072 if device != "cpu" else 16384}
         fresh_run(HERE, dict(run))  # Triton's caches and the page cache warm, as on a machine in use
@@ -130,7 +135,7 @@ def main() -> None:
         if args.scifact:
             sci20 = work / "sci20.jsonl"
             real_corpus(sci20, args.scifact, 100_000)
-            run_cli(sci20, work / "cli", 1)
+            run_cli(sci20, work / "cli", 1, options=options)
         for round_ in range(args.rounds):
             for label, tree in trees.items():
                 row = {"tree": label, "round": round_, "workload": f"bert-base, {args.docs:,} synthetic docs",
@@ -142,7 +147,7 @@ def main() -> None:
                 if sci20:
                     # -P: `-m` would put the working directory (the newer checkout) ahead of PYTHONPATH
                     command = ("env", f"PYTHONPATH={python_path(tree)}", sys.executable, "-P", "-m", "lsr_index")
-                    r = run_cli(sci20, work / "cli", 1, command)
+                    r = run_cli(sci20, work / "cli", 1, command, options)
                     row = {"tree": label, "round": round_, "workload": "CLI, splade-tiny, SciFact x20",
                            "process_seconds": round(r["seconds"], 3), "encode_seconds": r["encode_seconds"],
                            "docs": r["docs"], "startup_seconds": r["startup_seconds"],

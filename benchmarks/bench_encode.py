@@ -301,15 +301,16 @@ def timeline_of(stderr: str) -> list[tuple[float, str]]:
     return [(float(m[1]), m[2]) for m in re.finditer(r"timeline ([\d.]+) s: (.*)", stderr)]
 
 
-def run_cli(corpus: Path, out: Path, gpus: int, command: Sequence[str] = (sys.executable, "-m", "lsr_index")) -> dict:
+def run_cli(corpus: Path, out: Path, gpus: int, command: Sequence[str] = (sys.executable, "-m", "lsr_index"),
+            options: Sequence[str] = ()) -> dict:
     """`lsr-index encode CORPUS` as a user types it (the default model and flags) on the first `gpus` GPUs, timed
     from the command's start to its exit, with the summary's rates and the start-up's steps (LSR_INDEX_TIMELINE).
-    `command`: what runs lsr-index's command line."""
+    `command`: what runs lsr-index's command line; `options`: flags added to the encode's."""
     import subprocess
 
     env = {**os.environ, "LSR_INDEX_TIMELINE": "1", "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus)))}
     t0 = time.perf_counter()
-    proc = subprocess.Popen([*command, "-q", "encode", str(corpus), "-o", str(out), "--overwrite"],
+    proc = subprocess.Popen([*command, "-q", "encode", str(corpus), "-o", str(out), "--overwrite", *options],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     with HostUse(proc.pid) as use:
         stdout, stderr = proc.communicate()

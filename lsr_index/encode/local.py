@@ -25,6 +25,7 @@ from lsr_index.encode.units import RemoteUnits, Units
 from lsr_index.errors import InputError, LsrIndexError
 from lsr_index.runtime.children import PythonChild, relay, send_message
 from lsr_index.runtime.threads import host_cores
+from lsr_index.runtime.timeline import mark
 from lsr_index.vectors.manifest import Chunk
 
 
@@ -176,6 +177,8 @@ def _run_workers(job: EncodeJob, plan: Plan, units: Units, devices: tuple[str, .
             elif kind == "done":
                 body[0].started = "fork" if fork else "new interpreter"
                 results.append(body[0])
+                if len(results) == len(workers):
+                    mark("every worker done")
             else:
                 _record_queued(inbox, plan.record)
                 if kind == "gone":
@@ -188,4 +191,5 @@ def _run_workers(job: EncodeJob, plan: Plan, units: Units, devices: tuple[str, .
     finally:
         for worker in workers:
             worker.close(finished=len(results) == len(workers))
+    mark("workers ended")
     return sorted(results, key=lambda r: r.worker)
