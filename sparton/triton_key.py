@@ -26,9 +26,10 @@ SUBDIRECTORY = "sparton"  # under Triton's cache directory: the only files of th
 
 def fingerprint(package: Path, version: str) -> str:
     """Triton's version and the size and mtime of each Python source and libtriton binary under `package` (a
-    superset of what its key hashes): any reinstall or edit changes it."""
+    superset of what its key hashes, symbolic links followed as Triton's own walk does: a development install links
+    its backends): any reinstall or edit changes it."""
     entries = [version]
-    for root, dirs, files in os.walk(package):
+    for root, dirs, files in os.walk(package, followlinks=True):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")
         for name in sorted(files):
             if name.endswith(".py") or name.startswith("libtriton."):
@@ -40,9 +41,14 @@ def fingerprint(package: Path, version: str) -> str:
 
 def kept_key(package: Path, version: str, directory: Path, compute: Callable[[], str]) -> str:
     """The key kept in `directory` for this installation, else `compute()`, kept there for the next process (an
-    atomic rename: processes starting together each write the same whole file). A directory that cannot be written
-    costs only the keeping."""
-    path = directory / f"triton-key-{fingerprint(package, version)[:32]}"
+    atomic rename: processes starting together each write the same whole file). `compute` must hash the installation
+    as it is now, not return a key cached before it changed: the file's name vouches for what it holds. An
+    installation that cannot be read whole (a file removed mid-reinstall) is not kept; a directory that cannot be
+    written costs only the keeping."""
+    try:
+        path = directory / f"triton-key-{fingerprint(package, version)[:32]}"
+    except OSError:
+        return compute()
     try:
         key = path.read_text(encoding="utf-8")
         if key.startswith(version):  # a key begins with Triton's version: anything else is not one
@@ -57,6 +63,8 @@ def kept_key(package: Path, version: str, directory: Path, compute: Callable[[],
         # by several users keeps one key for all
         with os.fdopen(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w", encoding="utf-8") as f:
             f.write(key)
+            f.flush()
+            os.fsync(f.fileno())  # renamed only once whole on disk
         os.replace(temporary, path)
     except OSError:
         with contextlib.suppress(OSError):  # never made, or its directory is not one
@@ -75,20 +83,26 @@ def cache_directory() -> Path:
 
 
 def install() -> str | None:
-    """Triton's key for this process, kept or computed, set where Triton's modules look it up. None for a Triton
-    that keys its cache some other way: its first launch computes what it needs."""
+    """Triton's key for this process, kept or computed, set where Triton's modules (and any other module that took
+    the name, such as torch's compiler) look it up. None for a Triton that keys its cache some other way: its first
+    launch computes what it needs. Called again, it checks the installation again."""
     import triton
     from triton.runtime import cache
 
-    computed = getattr(cache, "triton_key", None)
-    if computed is None:
+    current = getattr(cache, "triton_key", None)
+    if current is None:
         return None
-    key = kept_key(Path(triton.__file__).parent, triton.__version__, cache_directory() / SUBDIRECTORY, computed)
+    original = getattr(current, "triton_function", current)  # what an earlier install() replaced
+    # Triton's hashing itself: its lru_cache may hold a key computed before the installation changed
+    compute = getattr(original, "__wrapped__", original)
+    key = kept_key(Path(triton.__file__).parent, triton.__version__, cache_directory() / SUBDIRECTORY, compute)
 
     def kept() -> str:
         return key
 
-    for name, module in list(sys.modules.items()):
-        if (name == "triton" or name.startswith("triton.")) and getattr(module, "triton_key", None) is computed:
+    kept.triton_function = original
+    for module in list(sys.modules.values()):
+        # the module's own namespace, not getattr: a lazy module's __getattr__ would import what it names
+        if getattr(module, "__dict__", {}).get("triton_key") in (original, current):
             module.triton_key = kept
     return key
