@@ -185,26 +185,28 @@ def test_fp16_small_upstream_gradients_keep_their_precision(seed):
     assert _rel(dw, want) <= 5e-3, f"seed {seed}"
 
 
+def _step(h, w, b, mask, grad) -> tuple:
+    start = torch.arange(0, (h.shape[0] + 1) * h.shape[1], h.shape[1], device="cuda", dtype=torch.int32)
+    out, arg = training.splade_max_argmax_triton(h, w, b, mask)
+    return (out, arg, start, *training._backward(grad, out, arg, h.reshape(-1, HIDDEN), w, start, "log1p_relu"))
+
+
 def extra_peak_memory(seed: int) -> int:
     """Bytes of peak memory beyond the inputs and the outputs (w, argmax, dH, dW, db) of a forward + backward at
-    V=250,002, 64 documents of 256 tokens; a first step at the same shapes pays what persists between steps (the
-    libraries' workspaces), so the second's peak is what one step needs."""
+    V=250,002, 64 documents of 256 tokens. A first step of 2 short documents pays what the libraries keep between
+    steps (cuBLAS's workspace); anything sized by the batch is still new at the measured step's shapes."""
+    h, w, b, mask, g = _padded(seed, 250_002, torch.bfloat16, batch=2, seq=32)
+    _step(h, w, b, mask, torch.randn(2, 250_002, device="cuda", generator=g))  # its results are freed at once
+    del h, w, b, mask
     h, w, b, mask, g = _padded(seed, 250_002, torch.bfloat16, batch=64)
     grad = torch.randn(64, 250_002, device="cuda", generator=g)
-    tokens = h.reshape(-1, HIDDEN)
-    start = torch.arange(0, 65 * 256, 256, device="cuda", dtype=torch.int32)
-    for measured in (False, True):
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        out, arg = training.splade_max_argmax_triton(h, w, b, mask)
-        grads = training._backward(grad, out, arg, tokens, w, start, "log1p_relu")
-        torch.cuda.synchronize()
-        if measured:
-            owned = sum(t.numel() * t.element_size() for t in (out, arg, *grads))
-            return torch.cuda.max_memory_allocated() - before - owned
-        del out, arg, grads
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    owned = sum(t.numel() * t.element_size() for t in _step(h, w, b, mask, grad))
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before - owned
 
 
 def test_memory_beyond_outputs_and_argmax(seed):
@@ -212,10 +214,11 @@ def test_memory_beyond_outputs_and_argmax(seed):
     tile and no scratch of pairs. Measured in a new process under PyTorch's default allocator: a test process whose
     earlier tests set other allocator options (the encoder's expandable segments) or left other workspaces measures
     those instead."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTORCH_CUDA_ALLOC_CONF"}
-    code = f"import test_sparton_backward_gpu as t; print(t.extra_peak_memory({seed}))"
-    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parent, env=env, capture_output=True,
-                          text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")}
+    here = str(Path(__file__).parent)
+    code = f"import sys; sys.path.insert(0, {here!r}); import test_sparton_backward_gpu as t; " \
+           f"print(t.extra_peak_memory({seed}))"
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     extra = int(done.stdout.split()[-1])
     print(f"extra peak memory: {extra / 2**20:.2f} MiB")
