@@ -87,7 +87,8 @@ def fresh_run(tree: Path, args: dict, sample: float = 0.0) -> dict:
     if done.returncode:
         raise SystemExit(f"the run in {tree} failed ({done.returncode}): {done.stderr[-2000:]}")
     result = json.loads(done.stdout.rsplit("RESULT ", 1)[1])
-    workers = result["per_worker"]  # several when the run was given several devices: the last one's start counts
+    # several when the run was given several devices: the last one's start counts, and their rates add up
+    workers = [w for w in result["per_worker"] if w["docs"]]
     return {"process_seconds": round(time.perf_counter() - t0, 3), "encode_seconds": round(result["seconds"], 3),
             "docs": result["docs"], "docs_per_second": round(result["docs"] / result["seconds"], 1),
             "startup_seconds": max(w["startup_seconds"] for w in workers),
@@ -117,6 +118,7 @@ def main() -> None:
     device = "cuda:0" if torch.cuda.is_available() else "cpu"
     devices = args.device.split(",") if args.device else [device]
     options = ("--device", args.device) if args.device else ()
+    gpus = 1 + max((int(d.partition(":")[2] or 0) for d in devices if d.startswith("cuda")), default=0)
     gpu = torch.cuda.get_device_name(0) if device != "cpu" else "cpu"
     trees = {"before": args.before.resolve(), "after": HERE}
     rows: list[dict] = []
@@ -135,7 +137,7 @@ def main() -> None:
         if args.scifact:
             sci20 = work / "sci20.jsonl"
             real_corpus(sci20, args.scifact, 100_000)
-            run_cli(sci20, work / "cli", 1, options=options)
+            run_cli(sci20, work / "cli", gpus, options=options)
         for round_ in range(args.rounds):
             for label, tree in trees.items():
                 row = {"tree": label, "round": round_, "workload": f"bert-base, {args.docs:,} synthetic docs",
@@ -147,7 +149,7 @@ def main() -> None:
                 if sci20:
                     # -P: `-m` would put the working directory (the newer checkout) ahead of PYTHONPATH
                     command = ("env", f"PYTHONPATH={python_path(tree)}", sys.executable, "-P", "-m", "lsr_index")
-                    r = run_cli(sci20, work / "cli", 1, command, options)
+                    r = run_cli(sci20, work / "cli", gpus, command, options)
                     row = {"tree": label, "round": round_, "workload": "CLI, splade-tiny, SciFact x20",
                            "process_seconds": round(r["seconds"], 3), "encode_seconds": r["encode_seconds"],
                            "docs": r["docs"], "startup_seconds": r["startup_seconds"],
